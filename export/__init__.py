@@ -1,0 +1,1 @@
+"""export: ONNX export of attention modules and numerical validation in onnxruntime."""

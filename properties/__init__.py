@@ -1,0 +1,1 @@
+"""properties: Hypothesis strategies for attention inputs and the invariants of multi-head attention."""

@@ -1,0 +1,47 @@
+"""Hypothesis settings profiles, registered in one place.
+
+quick     a fast local loop: few examples, random.
+ci        derandomized (same examples every run), no deadline, prints reproduction blobs.
+thorough  many examples, random, for nightly runs or before a release.
+
+Choose one with the environment variable MHA_VERIFY_PROFILE, pytest's ``--mha-profile``
+or ``mha-verify check --profile``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+PROFILE_ENV = "MHA_VERIFY_PROFILE"
+DEFAULT_PROFILE = "ci"
+
+_COMMON = {
+    "deadline": None,  # the first call of a shape pays torch's warm-up; timing is for benchmarks
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.differing_executors],
+}
+
+PROFILES: dict[str, settings] = {
+    "quick": settings(max_examples=25, **_COMMON),  # type: ignore[arg-type]
+    "ci": settings(max_examples=100, derandomize=True, print_blob=True, **_COMMON),  # type: ignore[arg-type]
+    "thorough": settings(max_examples=1000, print_blob=True, **_COMMON),  # type: ignore[arg-type]
+}
+
+for _name, _settings in PROFILES.items():
+    settings.register_profile(_name, _settings)
+
+
+def profile_name(explicit: str | None = None) -> str:
+    """The profile to use: ``explicit``, else $MHA_VERIFY_PROFILE, else 'ci'; checked."""
+    name = explicit or os.environ.get(PROFILE_ENV) or DEFAULT_PROFILE
+    if name not in PROFILES:
+        raise ValueError(f"unknown Hypothesis profile {name!r}; choose one of {', '.join(PROFILES)}")
+    return name
+
+
+def load(explicit: str | None = None) -> str:
+    """Load the chosen profile globally and return its name."""
+    name = profile_name(explicit)
+    settings.load_profile(name)
+    return name

@@ -1,0 +1,17 @@
+"""Shared test set-up: the Hypothesis profile (MHA_VERIFY_PROFILE, default 'ci') and small helpers."""
+
+from __future__ import annotations
+
+import torch
+
+from properties import profiles
+
+profiles.load()
+
+
+def seeded_mha(d_model: int, n_head: int, dropout: float = 0.0, seed: int = 0, **kw: object) -> torch.nn.Module:
+    """The reference module with weights drawn from ``seed``, in eval mode."""
+    from mha import MultiHeadAttention
+
+    torch.manual_seed(seed)
+    return MultiHeadAttention(d_model, n_head, dropout, **kw).eval()  # type: ignore[arg-type]

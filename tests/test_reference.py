@@ -1,0 +1,65 @@
+"""The pure reference formulas held against each other and against torch's own modules."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+
+from mha.reference import MHAParams, attention, head_slices, multi_head, per_head
+from properties.strategies import attention_examples
+
+
+def _random_params(d: int, gen: torch.Generator, bias: bool = True) -> MHAParams:
+    def w() -> torch.Tensor:
+        return torch.randn(d, d, generator=gen, dtype=torch.float64) / d**0.5
+
+    def b() -> torch.Tensor | None:
+        return torch.randn(d, generator=gen, dtype=torch.float64) if bias else None
+
+    return MHAParams(w(), b(), w(), b(), w(), b(), w(), b())
+
+
+@given(ex=attention_examples())
+def test_per_head_formulation_equals_packed(ex) -> None:
+    s = ex.sizes
+    p = _random_params(s.d_model, torch.Generator().manual_seed(ex.seed), bias=ex.seed % 2 == 0)
+    packed, _ = multi_head(ex.q, ex.k, ex.v, p, s.n_head, ex.mask)
+    heads = per_head(ex.q, ex.k, ex.v, p, s.n_head, ex.mask)
+    torch.testing.assert_close(heads, packed, rtol=1e-10, atol=1e-10 * (1 + float(packed.abs().max())))
+
+
+@given(ex=attention_examples())
+def test_attention_formula_matches_torch_sdpa_in_float64(ex) -> None:
+    s = ex.sizes
+    gen = torch.Generator().manual_seed(ex.seed)
+    q, k, v = (torch.randn(s.batch, s.n_head, n, s.head_dim, generator=gen, dtype=torch.float64)
+               for n in (s.lq, s.lk, s.lk))
+    mask = None if ex.mask is None else (ex.mask if ex.mask.dtype == torch.bool else ex.mask.double())
+    ours, w = attention(q, k, v, mask)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+    assert torch.isfinite(w).all()
+
+
+def test_head_slices_are_rows_of_the_packed_weights() -> None:
+    p = _random_params(6, torch.Generator().manual_seed(0))
+    parts = head_slices(p, 3)
+    torch.testing.assert_close(torch.cat([h.w_q for h in parts]), p.w_q, rtol=0, atol=0)
+    assert parts[1].w_k.shape == (2, 6)
+    torch.testing.assert_close(parts[2].b_v, p.b_v[4:6], rtol=0, atol=0)
+
+
+def test_multi_head_matches_torch_multihead_attention() -> None:
+    torch.manual_seed(0)
+    ref = torch.nn.MultiheadAttention(12, 3, batch_first=True, dtype=torch.float64).eval()
+    w_q, w_k, w_v = ref.in_proj_weight.chunk(3)
+    b_q, b_k, b_v = ref.in_proj_bias.chunk(3)
+    p = MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, ref.out_proj.weight, ref.out_proj.bias)
+    q, k, v = (torch.randn(2, n, 12, dtype=torch.float64) for n in (3, 5, 5))
+    keep = torch.rand(3, 5) < 0.7
+    keep[:, 0] = True
+    expected, expected_w = ref(q, k, v, attn_mask=~keep, average_attn_weights=False)  # torch: True = not allowed
+    out, w = multi_head(q, k, v, p, 3, keep)
+    torch.testing.assert_close(out, expected.detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(w, expected_w.detach(), rtol=1e-10, atol=1e-10)
