@@ -1,0 +1,280 @@
+"""Adapters: how a foreign attention module names its weights and wants to be called.
+
+This is the only place that knows the naming conventions of other modules. Every adapter
+presents one calling convention to the rest of the harness — ours:
+
+    call(module, q (B, Lq, D), k (B, Lk, D), v (B, Lk, D), mask) -> output (B, Lq, D)
+
+with ``mask`` None, a bool keep-mask (True = may attend) or an additive float mask,
+broadcasting to (B, H, Lq, Lk). An adapter converts the mask to the target's own
+convention; a call the target cannot express (a mask for a target without one, distinct
+q/k/v for a self-attention-only target) raises :class:`NotApplicable`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mha.reference import MHAParams
+
+
+class NotApplicable(Exception):
+    """The target cannot express this call (no mask argument, self-attention only, ...)."""
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What a target supports, as its adapter found it or the target declared it.
+
+    mask: the mask conventions the target takes natively, a subset of {"bool", "float"}.
+    cross_attention: False for self-attention-only targets (forward(x)).
+    weights: True if the target can return attention weights (B, H, Lq, Lk).
+    fully_masked: what a fully masked query row gives: "zeros" (our contract) or
+        "nan" (e.g. torch.nn.MultiheadAttention); declared, not measured.
+    """
+
+    mask: frozenset[str] = frozenset({"bool", "float"})
+    cross_attention: bool = True
+    weights: bool = False
+    fully_masked: str = "zeros"
+    notes: tuple[str, ...] = field(default=())
+
+
+def _keep(mask: torch.Tensor) -> torch.Tensor:
+    return mask if mask.dtype == torch.bool else mask > -math.inf
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
+    return mask
+
+
+def _linear_params(*layers: nn.Linear) -> MHAParams:
+    args: list[torch.Tensor | None] = []
+    for lin in layers:
+        args += [lin.weight, lin.bias]
+    return MHAParams._make(args)
+
+
+class Adapter:
+    """Base adapter. Subclasses set ``name`` and implement ``matches``, ``params`` and ``call``."""
+
+    name = "base"
+    description = ""
+
+    def matches(self, module: nn.Module) -> bool:
+        raise NotImplementedError
+
+    def conventions(self, module: nn.Module) -> Conventions:
+        return Conventions()
+
+    def params(self, module: nn.Module) -> MHAParams:
+        raise NotImplementedError
+
+    def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotApplicable(f"{self.name} targets do not return attention weights")
+
+    def set_dropout(self, module: nn.Module, p: float) -> bool:
+        """Set every dropout probability of ``module`` to ``p``; False if it has none."""
+        found = False
+        for sub in module.modules():
+            if isinstance(sub, nn.Dropout):
+                sub.p = p
+                found = True
+        return found
+
+
+def _forward_params(module: nn.Module) -> list[inspect.Parameter]:
+    return [p for p in inspect.signature(module.forward).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+class QKVAdapter(Adapter):
+    """``w_q, w_k, w_v, w_o`` with ``forward(q, k, v, mask=None)`` and a bool keep-mask (seed 000, ours).
+
+    A target whose forward takes ``need_weights`` (ours) can also return its weights.
+    """
+
+    name = "w_qkvo"
+    description = "w_q/w_k/w_v/w_o, forward(q, k, v, mask) with a bool keep-mask (seed 000, mha.MultiHeadAttention)"
+    names = ("w_q", "w_k", "w_v", "w_o")
+    native_mask = frozenset({"bool"})  # seed 000: masked_fill(~mask, -inf)
+    returns_weights = False  # forward returns (output, weights) without being asked
+
+    def matches(self, module: nn.Module) -> bool:
+        return all(isinstance(getattr(module, n, None), nn.Linear) for n in self.names)
+
+    def _self_attention(self, module: nn.Module) -> bool:
+        return len(_forward_params(module)) <= 2
+
+    def _has_mask(self, module: nn.Module) -> bool:
+        return len(_forward_params(module)) in (2, 4)  # forward(x, mask) or forward(q, k, v, mask)
+
+    def conventions(self, module: nn.Module) -> Conventions:
+        sig = inspect.signature(module.forward).parameters
+        declared = dict(getattr(module, "mha_verify_conventions", {}))
+        return Conventions(
+            mask=frozenset(declared.get("mask", self.native_mask if self._has_mask(module) else ())),
+            cross_attention=bool(declared.get("cross_attention", not self._self_attention(module))),
+            weights=bool(declared.get("weights", "need_weights" in sig or self.returns_weights)),
+            fully_masked=str(declared.get("fully_masked", "zeros")),
+        )
+
+    def params(self, module: nn.Module) -> MHAParams:
+        return _linear_params(*(getattr(module, n) for n in self.names))
+
+    def _mask_for(self, module: nn.Module, mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+        if mask is None:
+            return None
+        native = self.conventions(module).mask
+        if mask.dtype == torch.bool and "bool" not in native:
+            return _additive(mask, dtype)
+        if mask.dtype != torch.bool and "float" not in native:
+            if bool(((mask != 0) & (mask != -math.inf)).any()):
+                raise NotApplicable("the target takes bool masks only; a float mask with finite biases has no bool form")
+            return _keep(mask)
+        return mask
+
+    def _args(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: torch.Tensor | None) -> list[Any]:
+        if mask is not None and not self.conventions(module).mask:
+            raise NotApplicable("the target's forward takes no mask")
+        m = self._mask_for(module, mask, q.dtype)
+        if self._self_attention(module):
+            if not (q is k is v or (torch.equal(q, k) and torch.equal(k, v))):
+                raise NotApplicable("the target is self-attention only: forward(x)")
+            return [q] if m is None else [q, m]
+        return [q, k, v] if m is None else [q, k, v, m]
+
+    def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        out = module(*self._args(module, q, k, v, mask))
+        return out[0] if isinstance(out, tuple) else out
+
+    def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.conventions(module).weights:
+            raise NotApplicable(f"{type(module).__name__}.forward has no need_weights argument")
+        args = self._args(module, q, k, v, mask)
+        out = module(*args) if self.returns_weights else module(*args, need_weights=True)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise NotApplicable("the target's forward does not return (output, weights)")
+        return out[0], out[1]
+
+
+class QueryKeyValueAdapter(QKVAdapter):
+    """``query, key, value, fc_out`` with ``forward(x) -> (output, weights)``: seed 001.
+
+    Self-attention only and no mask argument.
+    """
+
+    name = "query_key_value"
+    description = "query/key/value/fc_out, forward(x) -> (output, weights), no mask (seed 001)"
+    names = ("query", "key", "value", "fc_out")
+    native_mask = frozenset({"bool"})
+    returns_weights = True
+
+
+class LinearQKVAdapter(QKVAdapter):
+    """``linear_q, linear_k, linear_v, out`` with an additive float mask: seed 002."""
+
+    name = "linear_qkv"
+    description = "linear_q/linear_k/linear_v/out with an additive float mask (seed 002)"
+    names = ("linear_q", "linear_k", "linear_v", "out")
+    native_mask = frozenset({"float"})
+
+
+class TorchMHAAdapter(Adapter):
+    """``torch.nn.MultiheadAttention``: packed in_proj weights, batch_first or not, and a
+    bool ``attn_mask`` where True means *not* allowed (the opposite of ours), shaped
+    (Lq, Lk) or (B * H, Lq, Lk). Fully masked rows give NaN, as documented by torch.
+    """
+
+    name = "torch_mha"
+    description = "torch.nn.MultiheadAttention (in_proj_weight, out_proj; attn_mask True = not allowed)"
+
+    def matches(self, module: nn.Module) -> bool:
+        return isinstance(module, nn.MultiheadAttention)
+
+    def conventions(self, module: nn.Module) -> Conventions:
+        return Conventions(
+            weights=True, fully_masked="nan",
+            notes=("attn_mask is inverted (True = not allowed) and flattened to (B*H, Lq, Lk) by the adapter",),
+        )
+
+    def params(self, module: nn.Module) -> MHAParams:
+        assert isinstance(module, nn.MultiheadAttention)
+        if module.in_proj_weight is not None:
+            w_q, w_k, w_v = module.in_proj_weight.chunk(3)
+        else:
+            w_q, w_k, w_v = module.q_proj_weight, module.k_proj_weight, module.v_proj_weight
+        b: tuple[torch.Tensor | None, ...] = (None, None, None)
+        if module.in_proj_bias is not None:
+            b = tuple(module.in_proj_bias.chunk(3))
+        return MHAParams(w_q, b[0], w_k, b[1], w_v, b[2], module.out_proj.weight, module.out_proj.bias)
+
+    def _run(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        assert isinstance(module, nn.MultiheadAttention)
+        B, Lq, Lk, H = q.shape[0], q.shape[1], k.shape[1], module.num_heads
+        attn_mask = None
+        if mask is not None:
+            full = mask.expand(B, H, Lq, Lk).reshape(B * H, Lq, Lk)  # torch's 3-D layout: (B * H, Lq, Lk)
+            attn_mask = ~full if full.dtype == torch.bool else full
+        if not module.batch_first:  # (B, L, D) -> (L, B, D)
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        out, weights = module(q, k, v, attn_mask=attn_mask, need_weights=need_weights, average_attn_weights=False)
+        if not module.batch_first:
+            out = out.transpose(0, 1)
+        return out, weights
+
+    def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        return self._run(module, q, k, v, mask, need_weights=False)[0]
+
+    def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        out, weights = self._run(module, q, k, v, mask, need_weights=True)
+        assert weights is not None
+        return out, weights
+
+    def set_dropout(self, module: nn.Module, p: float) -> bool:
+        assert isinstance(module, nn.MultiheadAttention)
+        module.dropout = p
+        return True
+
+
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
+    TorchMHAAdapter(), QKVAdapter(), QueryKeyValueAdapter(), LinearQKVAdapter(),
+)}
+
+
+def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
+    """The adapter named ``name``, or the first whose structure ``module`` matches.
+
+    Raises ValueError naming the known adapters when none applies.
+    """
+    known = ", ".join(f"{a.name} ({a.description})" for a in ADAPTERS.values())
+    if name is not None and name != "auto":
+        if name not in ADAPTERS:
+            raise ValueError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")
+        return ADAPTERS[name]
+    for adapter in ADAPTERS.values():
+        if adapter.matches(module):
+            return adapter
+    raise ValueError(
+        f"no adapter recognizes {type(module).__name__} (its children: "
+        f"{', '.join(n for n, _ in module.named_children()) or 'none'}); known adapters: {known}"
+    )

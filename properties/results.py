@@ -1,0 +1,57 @@
+"""Verification results as data: the property runner and the export stage return these,
+and the CLI formats them (checks never print)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERDICTS = ("pass", "fail", "warn", "declared", "n/a")
+
+
+@dataclass
+class CheckResult:
+    """The outcome of one check (a property, or one export/validation configuration).
+
+    verdict: "pass"; "fail"; "warn" (passed, with a remark such as an exception type that is
+    not ValueError/TypeError); "declared" (the target documents another convention, e.g.
+    NaN on fully masked rows, and behaved as it declared); "n/a" (cannot apply to this
+    target: ``reason`` says why; never counted as passed).
+    worst_error / allowed: the largest error seen and the tolerance allowed at that example.
+    """
+
+    name: str
+    stage: str
+    verdict: str
+    examples: int = 0
+    worst_error: float | None = None
+    allowed: float | None = None
+    seconds: float = 0.0
+    counterexample: str | None = None
+    replay: str | None = None
+    reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got verdict={self.verdict!r}")
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict == "fail"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (inf and NaN errors become strings)."""
+        out = asdict(self)
+        for key in ("worst_error", "allowed"):
+            value = out[key]
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = str(value)
+        return out
+
+    def __str__(self) -> str:
+        err = "" if self.worst_error is None else f", worst error {self.worst_error:.3g}"
+        tol = "" if self.allowed is None else f" (allowed {self.allowed:.3g})"
+        why = f": {self.reason}" if self.reason else ""
+        return f"{self.stage}/{self.name}: {self.verdict} after {self.examples} examples{err}{tol}{why}"
