@@ -24,7 +24,7 @@ from torch import nn
 from mha.reference import MHAParams
 
 
-class NotApplicable(Exception):
+class NotApplicable(Exception):  # noqa: N818 -- a verdict, not an error
     """The target cannot express this call (no mask argument, self-attention only, ...)."""
 
 
@@ -143,7 +143,7 @@ class QKVAdapter(Adapter):
             return _additive(mask, dtype)
         if mask.dtype != torch.bool and "float" not in native:
             if bool(((mask != 0) & (mask != -math.inf)).any()):
-                raise NotApplicable("the target takes bool masks only; a float mask with finite biases has no bool form")
+                raise NotApplicable("the target takes bool masks only: finite float biases have no bool form")
             return _keep(mask)
         return mask
 

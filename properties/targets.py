@@ -127,7 +127,7 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
             raise TargetError(f"{spec} is a class but not a torch.nn.Module subclass")
         factory: Callable[[int, int], nn.Module] = obj
     elif callable(obj):
-        factory = obj  # type: ignore[assignment]
+        factory = obj
     else:
         raise TargetError(f"{spec} is a {type(obj).__name__}, not an nn.Module class or a factory")
     target = Target(spec, factory, adapter)
