@@ -1,34 +1,170 @@
-"""The `mha-verify` command line: argument parsing and exit codes.
+"""The `mha-verify` command line: argument parsing, stages and exit codes.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 usage or input error (one line on
-stderr, no traceback).
+stderr, no traceback, no partial file). ``mha-verify`` with no subcommand runs ``check``.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from typing import NoReturn
 
 from mha_verify import __version__
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+SUBCOMMANDS = ("check", "export", "validate", "list")
+
+
+class UsageError(Exception):
+    """A usage or input error: reported on one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**32), got {value}")
+    return value
+
+
+def add_check_parser(sub: argparse._SubParsersAction) -> None:
+    from properties.profiles import PROFILES
+
+    p = sub.add_parser("check", help="run every property (and the export stage) against a target",
+                       description="Run the property suite, then the ONNX export stage, against a target.")
+    p.add_argument("--target", metavar="SPEC", default=None,
+                   help="package.module:Attr or path/to/file.py:Attr; an nn.Module class built as Attr(d_model, "
+                        "n_head) or a factory (d_model, n_head) -> nn.Module (default: the reference)")
+    p.add_argument("--adapter", default=None, help="force an adapter instead of finding one by structure "
+                   "(w_qkvo, query_key_value, linear_qkv, torch_mha)")
+    p.add_argument("--profile", choices=list(PROFILES), default=None,
+                   help="Hypothesis profile (default: $MHA_VERIFY_PROFILE or ci)")
+    p.add_argument("--max-examples", type=_positive, default=None, help="examples per property")
+    p.add_argument("--seed", type=_seed, default=None, help="Hypothesis seed (replaces derandomization)")
+    p.add_argument("--only", default=None, metavar="NAMES", help="comma-separated property names")
+    p.add_argument("--no-export", action="store_true", help="skip the ONNX export stage")
+    p.add_argument("--report", metavar="FILE.json", default=None, help="write a JSON report")
+    p.set_defaults(func=run_check)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="mha-verify",
-        description="Property-based verification of multi-head attention layers and their ONNX exports.",
+        description="Property-based verification of multi-head attention layers and their ONNX exports. "
+                    "Without a subcommand, runs `check` on the reference.",
         epilog="Exit codes: 0 pass, 1 a check failed, 2 usage or input error.",
     )
     parser.add_argument("--version", action="version", version=f"mha-verify {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    add_check_parser(sub)
+    lp = sub.add_parser("list", help="list the properties and what each states")
+    lp.set_defaults(func=run_list)
+    try:
+        from mha_verify import export_cmds
+    except ImportError:  # the export stage is optional until its module lands
+        pass
+    else:
+        export_cmds.add_parsers(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
+def _replay_command(args: argparse.Namespace, name: str) -> str:
+    parts = ["mha-verify", "check", "--no-export", "--only", name]
+    if args.target:
+        parts += ["--target", args.target]
+    if args.adapter:
+        parts += ["--adapter", args.adapter]
+    if args.profile:
+        parts += ["--profile", args.profile]
+    if args.max_examples:
+        parts += ["--max-examples", str(args.max_examples)]
+    if args.seed is not None:
+        parts += ["--seed", str(args.seed)]
+    return shlex.join(parts)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from hypothesis import settings as Settings
+
+    from mha_verify import report_json, report_text
+    from properties import profiles
+    from properties.runner import run_properties, select
+    from properties.targets import TargetError, load_target
+
+    try:
+        profile = profiles.profile_name(args.profile)
+        names = [n for n in args.only.split(",") if n] if args.only else None
+        select(names)
+        target = load_target(args.target, adapter=args.adapter)
+        writer = report_json.prepare(args.report) if args.report else None
+    except (ValueError, TargetError, OSError) as exc:
+        raise UsageError(str(exc)) from None
+    settings = profiles.PROFILES[profile]
+    if args.max_examples:
+        settings = Settings(settings, max_examples=args.max_examples)
+    print(f"mha-verify {__version__}: checking {target.spec} with profile {profile}", file=sys.stderr)
+
+    def progress(name: str) -> None:
+        print(f"  running {name} ...", file=sys.stderr, flush=True)
+
+    results = run_properties(target, settings=settings, names=names, seed=args.seed,
+                             replay=lambda n: _replay_command(args, n), progress=progress)
+    if not args.no_export:
+        try:
+            from export.stage import export_stage
+        except ImportError:
+            print("  (export stage not available in this build)", file=sys.stderr)
+        else:
+            results += export_stage(target, settings=settings, progress=progress)
+    print(report_text.table(results))
+    print(report_text.failures(results))
+    print(report_text.summary(results))
+    if writer is not None:
+        writer.write(report_json.document(results, target=target.spec, profile=profile, seed=args.seed))
+    return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
+
+
+def run_list(args: argparse.Namespace) -> int:
+    from properties.registry import all_properties
+
+    for prop in all_properties().values():
+        print(f"{prop.name}\n    " + prop.doc.replace("\n", "\n    ") + "\n")
     return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["check", *argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"mha-verify: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("mha-verify: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

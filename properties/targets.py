@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from mha.reference import MHAParams
-from properties.adapters import Adapter, Conventions, find_adapter
+from properties.adapters import Adapter, Conventions, NotApplicable, find_adapter
 
 DEFAULT_SPEC = "mha:MultiHeadAttention"
 
@@ -70,6 +70,17 @@ class Bound:
     adapter: Adapter
     d_model: int
     n_head: int
+    rebuild: Callable[[], Bound]  # a fresh instance with the same weights
+
+    def with_weights_if_any(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``with_weights`` where the target can give weights, else None."""
+        if not self.conventions.weights:
+            return None
+        try:
+            return self.with_weights(q, k, v, mask)
+        except NotApplicable:
+            return None
 
     @property
     def conventions(self) -> Conventions:
@@ -115,7 +126,8 @@ class Target:
             adapter = find_adapter(module, self.adapter_name)
         except ValueError as exc:
             raise TargetError(str(exc)) from None
-        return Bound(module.to(dtype).eval(), adapter, d_model, n_head)
+        return Bound(module.to(dtype).eval(), adapter, d_model, n_head,
+                     lambda: self.build(d_model, n_head, seed=seed, dtype=dtype))
 
 
 def load_target(spec: str | None = None, *, adapter: str | None = None) -> Target:

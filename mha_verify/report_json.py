@@ -1,0 +1,58 @@
+"""The JSON report: every check with its verdict, plus the versions and providers used."""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from mha_verify import __version__
+from mha_verify.atomic import AtomicWriter
+from properties.results import CheckResult
+
+
+def versions() -> dict[str, str]:
+    """The versions of the packages a verdict depends on."""
+    out = {"python": platform.python_version(), "mha-verify": __version__}
+    for dist in ("torch", "onnx", "onnxruntime", "onnxscript", "hypothesis", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def providers() -> list[str]:
+    try:
+        import onnxruntime
+
+        return list(onnxruntime.get_available_providers())
+    except Exception:  # onnxruntime missing or broken: the report says so instead of failing
+        return []
+
+
+def document(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None) -> dict[str, Any]:
+    verdicts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "warn", "declared", "n/a")}
+    return {
+        "tool": "mha-verify",
+        "target": target,
+        "profile": profile,
+        "seed": seed,
+        "verdict": "fail" if verdicts["fail"] else "pass",
+        "counts": verdicts,
+        "versions": versions(),
+        "providers": providers(),
+        "results": [r.to_json() for r in results],
+    }
+
+
+def prepare(path: str) -> _Writer:
+    """Check now that ``path`` can be written; write the report later, atomically."""
+    return _Writer(path)
+
+
+class _Writer(AtomicWriter):
+    def write(self, doc: dict[str, Any]) -> None:
+        self.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")

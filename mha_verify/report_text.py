@@ -1,0 +1,59 @@
+"""Format CheckResults for a person: a table per stage, then each failure in full."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from properties.results import CheckResult
+
+_MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "n/a": "n/a"}
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def table(results: Iterable[CheckResult]) -> str:
+    """One table per stage: check, examples, verdict, worst error against its tolerance, seconds."""
+    rows = list(results)
+    lines: list[str] = []
+    for stage in dict.fromkeys(r.stage for r in rows):
+        stage_rows = [r for r in rows if r.stage == stage]
+        width = max(len("check"), *(len(r.name) for r in stage_rows))
+        lines.append(f"\n{stage}")
+        head = f"  {'check':<{width}}  {'examples':>8}  {'verdict':<8}  {'worst error':>11}  {'allowed':>9}"
+        lines.append(f"{head}  {'s':>6}")
+        for r in stage_rows:
+            lines.append(
+                f"  {r.name:<{width}}  {r.examples:>8}  {_MARK[r.verdict]:<8}  {_num(r.worst_error):>11}  "
+                f"{_num(r.allowed):>9}  {r.seconds:>6.1f}"
+            )
+            if r.verdict in ("n/a", "warn", "declared") and r.reason:
+                lines.append(f"  {'':<{width}}  -> {r.reason}")
+    return "\n".join(lines)
+
+
+def failures(results: Iterable[CheckResult]) -> str:
+    """Each failure: what went wrong, the shrunk counterexample and the command that replays it."""
+    out: list[str] = []
+    for r in results:
+        if not r.failed:
+            continue
+        out.append(f"\nFAILED {r.stage}/{r.name}")
+        if r.reason:
+            out.append(f"  what:    {r.reason}")
+        if r.counterexample:
+            out.append(f"  example: {r.counterexample}")
+        if r.replay:
+            out.append(f"  replay:  {r.replay}")
+        for note in r.details.get("hypothesis", []):
+            out.append(f"  {note.strip()}")
+    return "\n".join(out)
+
+
+def summary(results: Iterable[CheckResult]) -> str:
+    """'N passed, N failed' and the other verdicts' counts, on one line."""
+    rows = list(results)
+    count = {v: sum(r.verdict == v for r in rows) for v in ("pass", "fail", "warn", "declared", "n/a")}
+    return (f"{count['pass']} passed, {count['fail']} failed, {count['warn']} warned, "
+            f"{count['declared']} declared, {count['n/a']} not applicable")

@@ -1,0 +1,135 @@
+"""Behaviour: argument checks, normalized weights, determinism, large inputs, dropout."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from properties.adapters import Conventions, NotApplicable
+from properties.checks import Measure, Violation, close, dead_rows, examples_for, relation_allowed
+from properties.registry import invariant
+from properties.strategies import AttnExample, make_example
+from properties.targets import Bound
+
+
+def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.cross_attention:
+        return "self-attention only: forward(x) cannot receive keys and values of different lengths"
+    return examples_for(conv, kinds=("none",))
+
+
+@invariant("lk_equals_lv", strategy=_cross)
+def lk_equals_lv(bound: Bound, ex: AttnExample) -> Measure:
+    """A call with Lk != Lv raises, and never returns a tensor.
+
+    out(q, k (B, Lk, D), v (B, Lk + d, D)) must raise; ValueError/TypeError naming both
+    lengths passes, any other exception passes with a warning (it surfaces as a raw error).
+    """
+    lk = ex.sizes.lk
+    lv = lk + 1 if lk == 1 or ex.seed % 2 == 0 else lk - 1
+    v = torch.cat([ex.v, ex.v], dim=1)[:, :lv]
+    try:
+        out = bound(ex.q, ex.k, v, None)
+    except (ValueError, TypeError) as exc:
+        if str(lk) in str(exc) and str(lv) in str(exc):
+            return Measure()
+        return Measure(remark=f"{type(exc).__name__} does not name the lengths: Lk={lk}, Lv={lv} gave {exc}")
+    except NotApplicable:
+        raise
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        return Measure(remark=f"raised {type(exc).__name__}, not ValueError/TypeError: {first}")
+    raise Violation(f"Lk={lk}, Lv={lv} returned a tensor of shape {tuple(out.shape)}, but should raise")
+
+
+def _weights(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.weights:
+        return "the target does not return attention weights"
+    return examples_for(conv)
+
+
+@invariant("rows_sum_to_one", strategy=_weights)
+def rows_sum_to_one(bound: Bound, ex: AttnExample) -> Measure:
+    """Each query row's weights are a distribution over its unmasked keys.
+
+    sum_j weights[b, h, i, j] = 1 for rows with a kept key, 0 for fully masked rows (the
+    contract), within 4 * Lk * eps of the dtype; every weight lies in [0, 1].
+    """
+    _, weights = bound.with_weights(ex.q, ex.k, ex.v, ex.mask)
+    w = weights.detach().double()
+    if bool((w < 0).any()) or bool((w > 1 + 1e-6).any()):
+        raise Violation(f"weights outside [0, 1]: min {float(w.min()):.3g}, max {float(w.max()):.3g}")
+    expected = (~dead_rows(ex)).double()  # (B, H, Lq)
+    allowed = 4 * ex.sizes.lk * torch.finfo(ex.q.dtype).eps
+    return close(w.sum(dim=-1), expected, allowed, "row sums of the weights (1 where a key is kept, 0 otherwise)")
+
+
+def _bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    if not bool(same.all()):
+        diff = float((a - b).abs().nan_to_num(math.inf).max())
+        raise Violation(f"{what} differs by {diff:.3g}; should be bitwise equal", diff, 0.0)
+
+
+@invariant("determinism")
+def determinism(bound: Bound, ex: AttnExample) -> Measure:
+    """In eval mode the output is a function of the inputs alone: no state between calls.
+
+    On one instance: out(x), then out(y) for other inputs y of the same shapes, then out(x)
+    again. out(x) twice must be bitwise equal, and out(y) bitwise equal to out(y) on a fresh
+    instance with the same weights (call order does not matter).
+    """
+    other = make_example(ex.sizes, ex.mask_spec, tuple(s * 3.0 for s in ex.scales), ex.seed + 1, ex.q.dtype)
+    if not bound.conventions.cross_attention:
+        other = other._replace(k=other.q, v=other.q)
+    first = bound(ex.q, ex.k, ex.v, ex.mask).detach().clone()
+    second = bound(other.q, other.k, other.v, other.mask).detach().clone()
+    again = bound(ex.q, ex.k, ex.v, ex.mask).detach()
+    _bitwise(again, first, "a second call with the same inputs (after a call with other inputs)")
+    fresh = bound.rebuild()(other.q, other.k, other.v, other.mask).detach()
+    _bitwise(second, fresh, "a call after another call, against the same call on a fresh instance,")
+    return Measure()
+
+
+def _large(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    return examples_for(conv, scales=st.sampled_from((100.0, 1e3)))
+
+
+@invariant("finite_large_inputs", strategy=_large)
+def finite_large_inputs(bound: Bound, ex: AttnExample) -> Measure:
+    """Finite inputs of large magnitude (1e2 to 1e3) give finite outputs.
+
+    Scores then reach ~1e5 and more, where exp() overflows float32 unless the row maximum is
+    subtracted before the softmax.
+    """
+    out = bound(ex.q, ex.k, ex.v, ex.mask).detach()
+    if not bool(torch.isfinite(out).all()):
+        where = tuple(int(i) for i in torch.nonzero(~torch.isfinite(out))[0][:2])
+        raise Violation(f"output not finite at (b, i)={where} for inputs of magnitude {max(ex.scales):g}")
+    return Measure()
+
+
+@invariant("dropout_off_in_eval")
+def dropout_off_in_eval(bound: Bound, ex: AttnExample) -> Measure:
+    """Dropout is off in eval mode, and p = 0 in training mode equals eval mode.
+
+    With every dropout probability at 0.5: out_eval = out_eval(p=0); with p = 0:
+    out_train = out_eval.
+    """
+    module, adapter = bound.module, bound.adapter
+    if not adapter.set_dropout(module, 0.0):
+        raise NotApplicable("the target has no dropout (no nn.Dropout, no dropout attribute)")
+    try:
+        reference = bound(ex.q, ex.k, ex.v, ex.mask).detach()
+        allowed = relation_allowed(bound, ex)
+        adapter.set_dropout(module, 0.5)
+        measure = close(bound(ex.q, ex.k, ex.v, ex.mask), reference, allowed, "eval output with dropout 0.5 vs 0")
+        adapter.set_dropout(module, 0.0)
+        module.train()
+        close(bound(ex.q, ex.k, ex.v, ex.mask), reference, allowed, "training output with dropout 0 vs eval")
+    finally:
+        module.eval()
+    return measure
+

@@ -1,0 +1,215 @@
+"""Mask invariants: masked keys get zero attention, no influence and no gradient."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from hypothesis import strategies as st
+
+from properties.adapters import Conventions
+from properties.checks import Measure, Violation, close, dead_rows, examples_for, keep_of, relation_allowed
+from properties.registry import StrategyFn, invariant
+from properties.strategies import AttnExample, build_keep, sizes
+from properties.targets import Bound
+
+_MASKED_KINDS = ("random", "padding", "causal", "dead_rows", "dead_item")
+
+
+def _with_mask(kinds: tuple[str, ...] = _MASKED_KINDS) -> StrategyFn:
+    def strategy(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+        return examples_for(conv, kinds=kinds, need_mask=True)
+
+    return strategy
+
+
+def _needs_weights(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.weights:
+        return "the target does not return attention weights"
+    return _with_mask()(conv)
+
+
+@invariant("mask_zeroes_weights", strategy=_needs_weights)
+def mask_zeroes_weights(bound: Bound, ex: AttnExample) -> Measure:
+    """Attention weights are exactly 0 wherever the mask removes a key.
+
+    weights[b, h, i, j] == 0 for every (b, h, i, j) with mask[b, h, i, j] = False (or -inf).
+    """
+    _, weights = bound.with_weights(ex.q, ex.k, ex.v, ex.mask)
+    masked = ~keep_of(ex)
+    leaked = weights.detach()[masked]
+    if leaked.numel() and bool((leaked != 0).any()):
+        worst = float(leaked.abs().max())
+        where = tuple(int(i) for i in torch.nonzero((weights.detach() != 0) & masked)[0])
+        raise Violation(f"weight {worst:.3g} at masked position (b, h, i, j)={where}, but should be exactly 0",
+                        worst, 0.0)
+    return Measure()
+
+
+@invariant("masked_kv_invariance", strategy=_with_mask())
+def masked_kv_invariance(bound: Bound, ex: AttnExample) -> Measure:
+    """Replacing k and v at masked key positions does not change the output.
+
+    For a set J of keys, out'[b, i] = out[b, i] for every query row (b, i) that masks all of
+    J in every head, where out' uses k, v with rows J replaced by values 100x larger.
+    """
+    keep = keep_of(ex)  # (B, H, Lq, Lk)
+    gen = torch.Generator().manual_seed(ex.seed + 7)
+    replace = torch.rand(ex.sizes.batch, ex.sizes.lk, generator=gen) < 0.5  # (B, Lk)
+    if not bool(replace.any()):
+        replace[0, 0] = True
+    # rows that see none of the replaced keys in any head: (B, Lq)
+    sees = (keep & replace[:, None, None, :]).any(dim=-1).any(dim=1)
+    rows = ~sees
+    big = 100.0 * max(ex.scales)
+    k2, v2 = ex.k.clone(), ex.v.clone()
+    noise_k = torch.randn(ex.k.shape, generator=gen).to(ex.k.dtype) * big
+    noise_v = torch.randn(ex.v.shape, generator=gen).to(ex.v.dtype) * big
+    k2[replace], v2[replace] = noise_k[replace], noise_v[replace]
+    if not bound.conventions.cross_attention:
+        return _self_attention_masked_x(bound, ex, replace, rows, noise_k)
+    out = bound(ex.q, ex.k, ex.v, ex.mask)
+    out2 = bound(ex.q, k2, v2, ex.mask)
+    return close(out2, out, relation_allowed(bound, ex), "output after replacing masked k/v rows", rows)
+
+
+def _self_attention_masked_x(bound: Bound, ex: AttnExample, replace: torch.Tensor, rows: torch.Tensor,
+                             noise: torch.Tensor) -> Measure:
+    """Self-attention: x is query and key at once, so only rows that are not replaced compare."""
+    x2 = ex.q.clone()
+    x2[replace] = noise[replace]
+    rows = rows & ~replace  # (B, L): a replaced position's own query changed too
+    out = bound(ex.q, ex.q, ex.q, ex.mask)
+    out2 = bound(x2, x2, x2, ex.mask)
+    return close(out2, out, relation_allowed(bound, ex), "output after replacing masked positions of x", rows)
+
+
+def _padding(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.cross_attention:
+        return "self-attention only: x is key and query at once, so a masked key's gradient is not 0"
+    return examples_for(conv, kinds=("padding", "dead_item"), need_mask=True)
+
+
+@invariant("masked_grad_zero", strategy=_padding)
+def masked_grad_zero(bound: Bound, ex: AttnExample) -> Measure:
+    """The gradient reaching k and v at keys masked for every query is exactly 0.
+
+    For a key j of item b with mask[b, h, i, j] = False for all h, i:
+    d(sum(out * g)) / dk[b, j] = 0 and d(...) / dv[b, j] = 0 exactly, for random g.
+    """
+    keep = keep_of(ex)
+    unseen = ~keep.any(dim=-2).any(dim=1)  # (B, Lk): key j masked for every head and query of item b
+    k = ex.k.clone().requires_grad_(True)
+    v = ex.v.clone().requires_grad_(True)
+    q = ex.q.clone().requires_grad_(True)
+    out = bound(q, k, v, ex.mask)
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(ex.seed)).to(out.dtype)
+    (out * g).sum().backward()
+    for name, t in (("k", k), ("v", v)):
+        grad = t.grad
+        if grad is None:
+            raise Violation(f"no gradient reached {name}")
+        leaked = grad[unseen]
+        if leaked.numel() and bool((leaked != 0).any()):
+            worst = float(leaked.abs().max())
+            raise Violation(f"gradient {worst:.3g} reached {name} at a key masked for every query, "
+                            f"but should be exactly 0", worst, 0.0)
+    return Measure()
+
+
+def _dead(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.mask:
+        return "the target's forward takes no mask"
+    # bypass examples_for's filter for NaN-declaring targets: these rows are the point here
+    return examples_for(Conventions(mask=conv.mask, cross_attention=conv.cross_attention),
+                        kinds=("dead_rows", "dead_item"), need_mask=True)
+
+
+@invariant("fully_masked_rows", strategy=_dead)
+def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
+    """A query row whose keys are all masked gets zero weights: its output is w_o(0) = b_o.
+
+    For rows (b, i) with mask[b, h, i, :] all False in every head h: out[b, i] = b_o (0
+    without bias), never NaN; every other row stays finite. Checked on both of the target's
+    paths where it has two (with and without weights); paths that disagree give a warning.
+    A target that declares NaN there is reported as "declared" when it does exactly that.
+    """
+    dead = dead_rows(ex)  # (B, H, Lq)
+    all_dead, affected = dead.all(dim=1), dead.any(dim=1)  # (B, Lq) each
+    outs = {"output": bound(ex.q, ex.k, ex.v, ex.mask).detach()}
+    got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
+    if got is not None:
+        outs["output with weights"] = got[0].detach()
+    b_o = bound.params().b_o
+    d = ex.sizes.d_model
+    expected = torch.zeros(d, dtype=ex.q.dtype) if b_o is None else b_o.detach().to(ex.q.dtype)
+    seen: dict[str, str] = {}
+    for path, out in outs.items():
+        if bool(torch.isnan(out[affected]).all()) and bool(torch.isfinite(out[~affected]).all()):
+            seen[path] = "NaN"
+            continue
+        if not bool(torch.isfinite(out).all()):
+            bad = tuple(int(i) for i in torch.nonzero(~torch.isfinite(out))[0][:2])
+            raise Violation(f"{path} not finite at (b, i)={bad}; a row with {'all' if bool(all_dead[bad]) else 'some'}"
+                            " heads fully masked should be finite")
+        scale = float(expected.abs().max()) if expected.numel() else 0.0
+        close(out[all_dead], expected.expand_as(out[all_dead]), 1e-6 * (1.0 + scale),
+              f"{path} of a fully masked row vs w_o(0) = b_o")
+        seen[path] = "b_o"
+    declared = bound.conventions.fully_masked == "nan"
+    if "NaN" in seen.values() and not declared:
+        raise Violation(f"{', '.join(p for p, v in seen.items() if v == 'NaN')} gives NaN on fully masked rows; "
+                        "should give w_o(0) = b_o")
+    remark = None
+    if len(set(seen.values())) > 1:
+        remark = "the paths disagree on fully masked rows: " + ", ".join(f"{p} gives {v}" for p, v in seen.items())
+    return Measure(declared="NaN" in seen.values(), remark=remark)
+
+
+def _both_conventions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if conv.mask != frozenset({"bool", "float"}):
+        return (f"the target takes only {'/'.join(sorted(conv.mask)) or 'no'} masks: "
+                "the adapter would convert, so this would test the adapter")
+    return examples_for(conv, kinds=_MASKED_KINDS, need_mask=True)
+
+
+@invariant("bool_equals_additive", strategy=_both_conventions)
+def bool_equals_additive(bound: Bound, ex: AttnExample) -> Measure:
+    """A bool keep-mask and the additive mask 0 (keep) / -inf (remove) give the same output.
+
+    out(q, k, v, M) = out(q, k, v, where(M, 0, -inf)) for every bool M.
+    """
+    keep = build_keep(ex.mask_spec, ex.sizes)
+    assert keep is not None
+    additive = torch.zeros(keep.shape, dtype=ex.q.dtype).masked_fill(~keep, -math.inf)
+    out_bool = bound(ex.q, ex.k, ex.v, keep)
+    out_add = bound(ex.q, ex.k, ex.v, additive)
+    ex_bool = ex._replace(mask=keep)
+    return close(out_add, out_bool, relation_allowed(bound, ex_bool), "additive 0/-inf mask vs bool mask")
+
+
+def _broadcastable(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.mask:
+        return "the target's forward takes no mask"
+    return examples_for(conv, kinds=_MASKED_KINDS, need_mask=True, shapes=sizes(max_batch=3))
+
+
+@invariant("mask_broadcast", strategy=_broadcastable)
+def mask_broadcast(bound: Bound, ex: AttnExample) -> Measure:
+    """Masks that broadcast alike give the same output.
+
+    With M of shape (1, 1, Lq, Lk): out(M) = out(M expanded to (B, 1, Lq, Lk)) =
+    out(M expanded to (B, H, Lq, Lk)) = out(M as (Lq, Lk)).
+    """
+    if ex.mask is None:
+        return Measure()
+    s = ex.sizes
+    base = ex.mask.expand(s.mask_target())[:1, :1]  # (1, 1, Lq, Lk): item 0, head 0
+    ref = bound(ex.q, ex.k, ex.v, base)
+    allowed = relation_allowed(bound, ex._replace(mask=base))
+    m = close(bound(ex.q, ex.k, ex.v, base.expand(s.batch, 1, s.lq, s.lk)), ref, allowed,
+              "mask (B, 1, Lq, Lk) vs (1, 1, Lq, Lk)")
+    close(bound(ex.q, ex.k, ex.v, base.expand(s.mask_target()).contiguous()), ref, allowed,
+          "mask (B, H, Lq, Lk) vs (1, 1, Lq, Lk)")
+    close(bound(ex.q, ex.k, ex.v, base[0, 0]), ref, allowed, "mask (Lq, Lk) vs (1, 1, Lq, Lk)")
+    return m

@@ -1,0 +1,243 @@
+"""A catalog of one-bug variants of the reference: the mistakes people really make.
+
+Each mutant subclasses mha.MultiHeadAttention and changes one thing on the path that
+``forward(q, k, v, mask)`` takes (the fast path). ``CATALOG`` maps a mutant's name to
+(class, the property expected to catch it). tests/test_mutants.py checks that `check` fails
+each with that property.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from mha import MultiHeadAttention
+
+
+def _bool_keep(mask: torch.Tensor | None) -> torch.Tensor | None:
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    return mask > -math.inf
+
+
+_NO_WEIGHTS = {"mask": ("bool", "float"), "weights": False}  # forward ignores need_weights
+
+
+class _Explicit(MultiHeadAttention):
+    """The reference with its fast path replaced by an explicit formula that mutants bend."""
+
+    def scores(self, qh: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(qh, kh.transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
+
+    def masked(self, score: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if mask is None:
+            return score
+        if mask.dtype == torch.bool:
+            return score.masked_fill(~mask, float("-inf"))
+        return score + mask
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        alive = score.amax(dim=-1, keepdim=True) > float("-inf")
+        return torch.softmax(score.masked_fill(~alive, 0.0), dim=-1).masked_fill(~alive, 0.0)
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        weights = self.dropout(self.normalize(self.masked(self.scores(qh, kh), mask)))
+        return torch.matmul(weights, vh)
+
+
+class ConcatWithoutTranspose(MultiHeadAttention):
+    """(B, H, Lq, Hd) reshaped straight to (B, Lq, D): heads and positions scrambled."""
+
+    mha_verify_conventions = _NO_WEIGHTS
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        B, Lq = q.shape[0], q.shape[1]
+        qh = self.w_q(q).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+        kh = self.w_k(k).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+        vh = self.w_v(v).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+        heads = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+        return self.w_o(heads.reshape(B, Lq, self.d_model))
+
+
+class WrongSplit(MultiHeadAttention):
+    """Features split as (Hd, H) instead of (H, Hd): head i gets every H-th feature."""
+
+    mha_verify_conventions = _NO_WEIGHTS
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        def split(x: torch.Tensor) -> torch.Tensor:
+            return x.unflatten(-1, (self.head_dim, self.n_head)).transpose(-1, -2).transpose(1, 2)
+
+        heads = F.scaled_dot_product_attention(split(self.w_q(q)), split(self.w_k(k)), split(self.w_v(v)),
+                                               attn_mask=mask)
+        return self.w_o(heads.transpose(1, 2).flatten(-2))
+
+
+class ScaleBySqrtDModel(_Explicit):
+    """Scores divided by sqrt(d_model) instead of sqrt(head_dim)."""
+
+    def scores(self, qh: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(qh, kh.transpose(-2, -1)) / math.sqrt(self.d_model)
+
+
+class SoftmaxOverQueries(_Explicit):
+    """Softmax over the query axis (dim=-2) instead of the key axis."""
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(score, dim=-2).nan_to_num(0.0)
+
+
+class MaskPolarityInverted(_Explicit):
+    """torch.nn.MultiheadAttention's convention (True = not allowed) applied to our masks."""
+
+    def masked(self, score: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        keep = _bool_keep(mask)
+        return score if keep is None else score.masked_fill(keep, float("-inf"))
+
+
+class ScoresInFloat16(_Explicit):
+    """Scores computed in float16 and cast back: wrong by ~1e-3, inside a guessed 1e-3 tolerance."""
+
+    def scores(self, qh: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
+        return (torch.matmul(qh.half(), kh.half().transpose(-2, -1)) * self.scale).to(qh.dtype)
+
+
+class NoMaxSubtraction(_Explicit):
+    """softmax as exp(s) / sum(exp(s)): overflows to inf/inf = NaN for scores above ~88."""
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        e = torch.exp(score)
+        return e / e.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+
+
+class KeysFromValues(MultiHeadAttention):
+    """Keys projected from v (what the dynamo exporter's input aliasing does; and a typo)."""
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        return super().forward(q, v, v, mask, need_weights=need_weights)
+
+
+class NaNOnFullyMaskedRows(_Explicit):
+    """Seed 000's masked_fill(-inf) + softmax: NaN where a row has no key."""
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(score, dim=-1)
+
+
+class MaskWithMinusOneE9(_Explicit):
+    """masked_fill(-1e9) (seed 001's tip): a fully masked row attends uniformly to masked keys."""
+
+    def masked(self, score: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        keep = _bool_keep(mask)
+        return score if keep is None else score.masked_fill(~keep, -1e9)
+
+
+class DropoutInEval(_Explicit):
+    """F.dropout(training=True) hard-coded: dropout also in eval mode."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        weights = F.dropout(self.normalize(self.masked(self.scores(qh, kh), mask)), self.dropout.p, training=True)
+        return torch.matmul(weights, vh)
+
+
+class KVCacheCarriesState(MultiHeadAttention):
+    """Caches the projected keys of the first call and reuses them when shapes match."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.1) -> None:
+        super().__init__(d_model, n_head, dropout)
+        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        k = self._cache.setdefault(tuple(k.shape), k.detach())
+        return super().forward(q, k, v, mask, need_weights=need_weights)
+
+
+class MaxOverWholeBatch(_Explicit):
+    """The softmax's max-subtraction takes the maximum over the whole tensor, not per row:
+    an item of small scale next to one of large scale underflows to 0 / 0."""
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        alive = score.amax(dim=-1, keepdim=True) > float("-inf")
+        e = torch.exp(score - score.masked_fill(~alive, 0.0).amax())
+        return (e / e.sum(dim=-1, keepdim=True)).masked_fill(~alive, 0.0)
+
+
+class ValuesDetached(_Explicit):
+    """v's projection detached: no gradient reaches w_v or v."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        return super()._fast_attention(qh, kh, vh.detach(), mask)
+
+
+class DeadRowsZeroAfterProjection(MultiHeadAttention):
+    """Fully masked rows zeroed after w_o (output 0) instead of before (output b_o)."""
+
+    mha_verify_conventions = _NO_WEIGHTS
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        out = super().forward(q, k, v, mask)
+        if mask is None:
+            return out
+        keep = _bool_keep(mask).expand(q.shape[0], self.n_head, q.shape[1], k.shape[1])  # type: ignore[union-attr]
+        return out * keep.any(dim=-1).all(dim=1, keepdim=False).unsqueeze(-1)
+
+
+class FirstHeadMaskOnly(_Explicit):
+    """A (B, H, Lq, Lk) mask reduced to its first head's (B, 1, Lq, Lk) slice."""
+
+    def masked(self, score: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if mask is not None and mask.dim() == 4:
+            mask = mask[:, :1]
+        return super().masked(score, mask)
+
+
+class TruncatesLongerValues(MultiHeadAttention):
+    """v cut to k's length instead of rejecting Lk != Lv."""
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        return super().forward(q, k, v[:, : k.shape[1]], mask, need_weights=need_weights)
+
+
+class WeightsIgnoreMask(MultiHeadAttention):
+    """The returned weights computed without the mask (the output is right)."""
+
+    def _math_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        heads, _ = super()._math_attention(qh, kh, vh, mask)
+        _, weights = super()._math_attention(qh, kh, vh, None)
+        return heads, weights
+
+
+class DropsLastKey(_Explicit):
+    """An off-by-one: the last key never attended to."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        if kh.shape[-2] > 1:
+            kh, vh = kh[..., :-1, :], vh[..., :-1, :]
+            if mask is not None and mask.shape[-1] > 1:
+                mask = mask[..., :-1]
+        return super()._fast_attention(qh, kh, vh, mask)
+
+
+CATALOG: dict[str, tuple[type[MultiHeadAttention], str]] = {
+    "concat_without_transpose": (ConcatWithoutTranspose, "oracle_agreement"),
+    "wrong_split": (WrongSplit, "head_split"),
+    "scale_sqrt_d_model": (ScaleBySqrtDModel, "oracle_agreement"),
+    "softmax_over_queries": (SoftmaxOverQueries, "oracle_agreement"),
+    "mask_polarity_inverted": (MaskPolarityInverted, "masked_kv_invariance"),
+    "weights_ignore_mask": (WeightsIgnoreMask, "mask_zeroes_weights"),
+    "scores_in_float16": (ScoresInFloat16, "oracle_agreement"),
+    "no_max_subtraction": (NoMaxSubtraction, "finite_large_inputs"),
+    "keys_from_values": (KeysFromValues, "oracle_agreement"),
+    "nan_on_fully_masked_rows": (NaNOnFullyMaskedRows, "fully_masked_rows"),
+    "mask_with_minus_1e9": (MaskWithMinusOneE9, "fully_masked_rows"),
+    "dropout_in_eval": (DropoutInEval, "dropout_off_in_eval"),
+    "kv_cache_carries_state": (KVCacheCarriesState, "determinism"),
+    "max_over_whole_batch": (MaxOverWholeBatch, "batch_independence"),
+    "values_detached": (ValuesDetached, "gradcheck"),
+    "dead_rows_zero_after_projection": (DeadRowsZeroAfterProjection, "fully_masked_rows"),
+    "first_head_mask_only": (FirstHeadMaskOnly, "oracle_agreement"),
+    "truncates_longer_values": (TruncatesLongerValues, "lk_equals_lv"),
+    "drops_last_key": (DropsLastKey, "key_permutation"),
+}

@@ -1,0 +1,50 @@
+"""The property suite: the reference passes every property; verdicts for foreign targets."""
+
+from __future__ import annotations
+
+import pytest
+
+from properties import profiles
+from properties.registry import all_properties
+from properties.runner import run_property
+from properties.targets import load_target
+
+PROPS = all_properties()
+SETTINGS = profiles.PROFILES[profiles.profile_name()]
+
+
+@pytest.mark.parametrize("name", list(PROPS))
+def test_reference_passes(name: str) -> None:
+    result = run_property(PROPS[name], load_target(), settings=SETTINGS)
+    assert result.verdict == "pass", f"{result}\n{result.counterexample}"
+    assert result.examples > 0
+
+
+SEEDS = "tests/fixtures/seed_{}.py:{}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "verdict"),
+    [
+        pytest.param(SEEDS.format("000", "MultiHeadAttention"), "fully_masked_rows", "fail", id="seed000-nan-rows"),
+        pytest.param(SEEDS.format("000", "MultiHeadAttention"), "oracle_agreement", "fail", id="seed000-oracle"),
+        pytest.param(SEEDS.format("000", "MultiHeadAttention"), "lk_equals_lv", "warn", id="seed000-lk-lv"),
+        pytest.param(SEEDS.format("000", "MultiHeadAttention"), "mask_zeroes_weights", "n/a", id="seed000-no-w"),
+        pytest.param(SEEDS.format("001", "MultiHeadAttention"), "oracle_agreement", "pass", id="seed001-oracle"),
+        pytest.param(SEEDS.format("001", "MultiHeadAttention"), "masked_kv_invariance", "n/a", id="seed001-no-mask"),
+        pytest.param(SEEDS.format("001", "MultiHeadAttention"), "key_permutation", "n/a", id="seed001-self-only"),
+        pytest.param(SEEDS.format("002", "build"), "oracle_agreement", "fail", id="seed002-oracle"),
+        pytest.param(SEEDS.format("002", "build"), "head_split", "fail", id="seed002-head-split"),
+        pytest.param("torch.nn:MultiheadAttention", "oracle_agreement", "pass", id="torch-oracle"),
+        pytest.param("torch.nn:MultiheadAttention", "fully_masked_rows", "warn", id="torch-nan-declared"),
+        pytest.param("torch.nn:MultiheadAttention", "lk_equals_lv", "warn", id="torch-lk-lv"),
+        pytest.param("torch.nn:MultiheadAttention", "mask_zeroes_weights", "pass", id="torch-mask-weights"),
+    ],
+)
+def test_foreign_target_verdicts(spec: str, name: str, verdict: str) -> None:
+    result = run_property(PROPS[name], load_target(spec), settings=SETTINGS)
+    assert result.verdict == verdict, f"{result}\n{result.counterexample}"
+    if verdict == "fail":
+        assert result.counterexample, "a failure must carry its shrunk counterexample"
+    if verdict in ("n/a", "warn"):
+        assert result.reason
