@@ -7,8 +7,10 @@ stderr, no traceback, no partial file). ``mha-verify`` with no subcommand runs `
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from mha_verify import __version__
@@ -63,6 +65,20 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--only", default=None, metavar="NAMES", help="comma-separated property names")
     p.add_argument("--no-export", action="store_true", help="skip the ONNX export stage")
     p.add_argument("--report", metavar="FILE.json", default=None, help="write a JSON report")
+    p.add_argument("--junit", metavar="FILE.xml", default=None, help="write JUnit XML (one testcase per check)")
+    p.add_argument("--html", metavar="FILE.html", default=None,
+                   help="write a self-contained HTML report (error histograms, weight heatmaps)")
+    p.add_argument("--database", metavar="DIR", default=None,
+                   help="Hypothesis example database: failures found once are replayed first next time")
+    p.add_argument("--baseline", metavar="FILE.json", default=None,
+                   help="worst errors per check: stored if FILE does not exist, else held against this run")
+    p.add_argument("--budget", type=float, default=2.0,
+                   help="with --baseline: fail when a worst error exceeds BUDGET x its baseline (default 2)")
+    p.add_argument("--update-baseline", action="store_true", help="with --baseline: overwrite it with this run")
+    p.add_argument("--bundle-dir", metavar="DIR", default=None, help="write reproduction bundles of export failures")
+    p.add_argument("--timeout", type=_positive, default=900, help="seconds per check before it counts as hung")
+    p.add_argument("--no-isolation", action="store_true",
+                   help="run checks in this process (faster start; a crash then ends the gate)")
     p.set_defaults(func=run_check)
 
 
@@ -103,43 +119,62 @@ def _replay_command(args: argparse.Namespace, name: str) -> str:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from hypothesis import settings as Settings
-
-    from mha_verify import report_json, report_text
+    from mha_verify import baseline, report_html, report_json, report_junit, report_text
+    from mha_verify.atomic import AtomicWriter
+    from mha_verify.isolation import Limits, run_tasks
     from properties import profiles
-    from properties.runner import run_properties, select
+    from properties.runner import select
     from properties.targets import TargetError, load_target
 
     try:
         profile = profiles.profile_name(args.profile)
         names = [n for n in args.only.split(",") if n] if args.only else None
-        select(names)
+        props = select(names)
         target = load_target(args.target, adapter=args.adapter)
-        writer = report_json.prepare(args.report) if args.report else None
+        writers = {kind: AtomicWriter(path) for kind, path in
+                   (("report", args.report), ("junit", args.junit), ("html", args.html)) if path}
+        stored = None
+        if args.baseline:
+            if Path(args.baseline).exists() and not args.update_baseline:
+                stored = baseline.load(args.baseline)
+            else:
+                writers["baseline"] = AtomicWriter(args.baseline)
+        if not args.budget > 0 or not math.isfinite(args.budget):
+            raise ValueError(f"--budget must be a positive number, got {args.budget}")
+        if args.database:
+            Path(args.database).mkdir(parents=True, exist_ok=True)
+        if args.bundle_dir:
+            Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (ValueError, TargetError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    settings = profiles.PROFILES[profile]
-    if args.max_examples:
-        settings = Settings(settings, max_examples=args.max_examples)
     print(f"mha-verify {__version__}: checking {target.spec} with profile {profile}", file=sys.stderr)
+    common = dict(spec=args.target, adapter=args.adapter, profile=profile, max_examples=args.max_examples,
+                  database=args.database)
+    tasks = [(p.name, "properties", ("property_check", dict(common, name=p.name, seed=args.seed,
+                                                              replay=_replay_command(args, p.name))))
+             for p in props]
+    if not args.no_export and names is None:
+        tasks.append(("export", "export", ("export_checks", dict(common, bundle_dir=args.bundle_dir))))
+    limits = None if args.no_isolation else Limits(timeout=args.timeout)
 
     def progress(name: str) -> None:
         print(f"  running {name} ...", file=sys.stderr, flush=True)
 
-    results = run_properties(target, settings=settings, names=names, seed=args.seed,
-                             replay=lambda n: _replay_command(args, n), progress=progress)
-    if not args.no_export:
-        try:
-            from export.stage import export_stage
-        except ImportError:
-            print("  (export stage not available in this build)", file=sys.stderr)
-        else:
-            results += export_stage(target, settings=settings, progress=progress)
+    results = run_tasks(tasks, limits=limits, progress=progress)
+    if stored is not None:
+        results += baseline.compare(results, stored, args.budget)
     print(report_text.table(results))
     print(report_text.failures(results))
     print(report_text.summary(results))
-    if writer is not None:
-        writer.write(report_json.document(results, target=target.spec, profile=profile, seed=args.seed))
+    if "report" in writers:
+        writers["report"].write_text(report_json.dumps(results, target=target.spec, profile=profile, seed=args.seed))
+    if "junit" in writers:
+        writers["junit"].write_bytes(report_junit.document(results, target=target.spec))
+    if "html" in writers:
+        writers["html"].write_text(report_html.document(results, target=target.spec, profile=profile,
+                                                        versions=report_json.versions()))
+    if "baseline" in writers:
+        baseline.store(results, writers["baseline"])
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
 

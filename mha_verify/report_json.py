@@ -9,7 +9,6 @@ from importlib import metadata
 from typing import Any
 
 from mha_verify import __version__
-from mha_verify.atomic import AtomicWriter
 from properties.results import CheckResult
 
 
@@ -48,11 +47,5 @@ def document(results: Sequence[CheckResult], *, target: str, profile: str, seed:
     }
 
 
-def prepare(path: str) -> _Writer:
-    """Check now that ``path`` can be written; write the report later, atomically."""
-    return _Writer(path)
-
-
-class _Writer(AtomicWriter):
-    def write(self, doc: dict[str, Any]) -> None:
-        self.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+def dumps(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None) -> str:
+    return json.dumps(document(results, target=target, profile=profile, seed=seed), indent=2) + "\n"

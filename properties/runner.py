@@ -28,6 +28,7 @@ class _Stats:
     not_applicable: str | None = None
     failure: str | None = None
     failing_example: AttnExample | None = None
+    ratios: list[float] = field(default_factory=list)  # error / allowed, per passing example
 
 
 def _ratio(m: Measure) -> float:
@@ -71,6 +72,7 @@ def run_property(
                 stats.worst = max(stats.worst, Measure(exc.error, exc.allowed), key=_ratio)
             raise
         stats.examples += 1
+        stats.ratios.append(float(f"{_ratio(measure):.4g}"))
         stats.declared |= measure.declared
         if measure.remark and len(stats.remarks) < 3 and measure.remark.split(":")[0] not in {
                 r.split(":")[0] for r in stats.remarks}:
@@ -98,7 +100,8 @@ def run_property(
         error = exc
     seconds = time.perf_counter() - start
     worst = stats.worst
-    common = dict(examples=stats.examples, seconds=seconds, worst_error=worst.error, allowed=worst.allowed)
+    common = dict(examples=stats.examples, seconds=seconds, worst_error=worst.error, allowed=worst.allowed,
+                  details={"error_ratios": stats.ratios})
     if stats.not_applicable and stats.failure is None:
         return CheckResult(prop.name, "properties", "n/a", reason=stats.not_applicable, seconds=seconds)
     if error is not None:
@@ -107,11 +110,16 @@ def run_property(
                                seconds=seconds)
         ex = stats.failing_example
         notes = [n for n in getattr(error, "__notes__", []) if "reproduce_failure" in n or "@seed" in n]
+        details = common["details"]
+        assert isinstance(details, dict)
+        if notes:
+            details["hypothesis"] = notes
+        if ex is not None:
+            details["heatmap"] = heatmap(target, prop, ex)
         return CheckResult(
             prop.name, "properties", "fail", **common,  # type: ignore[arg-type]
             counterexample=None if ex is None else ex.describe(),
             reason=stats.failure or _summary(error), replay=replay,
-            details={"hypothesis": notes} if notes else {},
         )
     if stats.remarks:
         reason = "; ".join(stats.remarks)
@@ -123,6 +131,27 @@ def run_property(
         return CheckResult(prop.name, "properties", "declared", **common,  # type: ignore[arg-type]
                            reason=f"the target declares fully masked rows give {declared} and behaves as declared")
     return CheckResult(prop.name, "properties", "pass", **common)  # type: ignore[arg-type]
+
+
+def heatmap(target: Target, prop: Property, ex: AttnExample) -> dict[str, object]:
+    """Attention weights of item 0 of a counterexample, (H, Lq, Lk), for the HTML report.
+
+    The target's own weights where it returns them, else the float64 formula's with the
+    target's projection weights (``source`` says which).
+    """
+    bound = target.build(ex.sizes.d_model, ex.sizes.n_head, seed=ex.seed, dtype=prop.dtype)
+    source = "target"
+    try:
+        got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
+    except Exception:  # the target fails on this very example: show what it should have computed
+        got = None
+    if got is None:
+        from mha.reference import multi_head
+
+        got = multi_head(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask)
+        source = "float64 oracle with the target's weights"
+    weights = got[1].detach().double()[0]
+    return {"source": source, "weights": [[[float(f"{x:.4g}") for x in row] for row in head] for head in weights]}
 
 
 def select(names: Iterable[str] | None) -> list[Property]:

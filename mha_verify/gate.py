@@ -1,0 +1,56 @@
+"""The gate's units of work, as plain functions of picklable arguments (run in a worker process
+by mha_verify.isolation, or in-process), and the Hypothesis settings they share."""
+
+from __future__ import annotations
+
+from hypothesis import settings as Settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from properties import profiles
+from properties.results import CheckResult
+from properties.targets import load_target
+
+
+def make_settings(profile: str, *, max_examples: int | None = None, database: str | None = None) -> Settings:
+    """The profile's settings, with an example count override and an example database.
+
+    Hypothesis forbids a database with derandomize=True, so with ``database`` the ci profile
+    becomes random generation from a fixed seed (see ``seed_for``): as deterministic, and
+    a failure stored in the database is replayed first on the next run.
+    """
+    settings = profiles.PROFILES[profile]
+    if max_examples is not None:
+        settings = Settings(settings, max_examples=max_examples)
+    if database is not None:
+        settings = Settings(settings, derandomize=False, database=DirectoryBasedExampleDatabase(database))
+    return settings
+
+
+def seed_for(profile: str, seed: int | None, database: str | None) -> int | None:
+    """The Hypothesis seed: the user's, else 0 where a database replaced derandomization."""
+    if seed is not None:
+        return seed
+    if database is not None and profiles.PROFILES[profile].derandomize:
+        return 0
+    return None
+
+
+def property_check(*, spec: str | None, adapter: str | None, name: str, profile: str, max_examples: int | None,
+                   database: str | None, seed: int | None, replay: str | None) -> list[CheckResult]:
+    """One property against the target."""
+    from properties.registry import all_properties
+    from properties.runner import run_property
+
+    settings = make_settings(profile, max_examples=max_examples, database=database)
+    target = load_target(spec, adapter=adapter)
+    return [run_property(all_properties()[name], target, settings=settings,
+                         seed=seed_for(profile, seed, database), replay=replay)]
+
+
+def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_examples: int | None,
+                  database: str | None, bundle_dir: str | None) -> list[CheckResult]:
+    """The export stage: both exporters, validated in onnxruntime."""
+    from export.stage import export_stage
+
+    settings = make_settings(profile, max_examples=max_examples, database=database)
+    return export_stage(load_target(spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir)
