@@ -1,0 +1,126 @@
+"""The mha-verify command: exit codes, one-line usage errors, reports, isolation, determinism."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--no-export", "--max-examples", "5"]
+
+
+def cli(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mha_verify.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+USAGE_ERRORS = {
+    "unknown-profile": (["--profile", "nope"], "invalid choice: 'nope'"),
+    "unknown-subcommand-option": (["check", "--frobnicate"], "unrecognized arguments"),
+    "target-not-importable": (["--target", "no_such_pkg.mod:X"], "cannot import 'no_such_pkg.mod'"),
+    "target-missing-attr": (["--target", "mha:Nope"], "has no attribute 'Nope'"),
+    "target-file-missing": (["--target", "nowhere/x.py:A"], "does not exist"),
+    "target-no-colon": (["--target", "mha"], "package.module:Attr"),
+    "target-not-module": (["--target", "tests/fixtures/bad_targets.py:not_a_module"], "not a torch.nn.Module"),
+    "target-not-callable": (["--target", "tests/fixtures/bad_targets.py:NOT_CALLABLE"], "not an nn.Module class"),
+    "target-fails-to-build": (["--target", "tests/fixtures/bad_targets.py:FailsToBuild"], "no weights file"),
+    "unknown-property": (["--only", "nope"], "unknown properties nope"),
+    "bad-max-examples": (["--max-examples", "0"], "positive integer"),
+    "bad-budget": (["--baseline", "b.json", "--budget", "-1"], "--budget"),
+    "unknown-adapter": (["--adapter", "nope"], "unknown adapter 'nope'"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(USAGE_ERRORS), ids=list(USAGE_ERRORS))
+def test_usage_errors_exit_2_with_one_line(case: str, tmp_path: Path) -> None:
+    args, words = USAGE_ERRORS[case]
+    report = tmp_path / "r.json"
+    proc = cli(*FAST, "--report", str(report), *args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line, got:\n{proc.stderr}"
+    assert words in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not report.exists(), "a usage error must leave no report behind"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--report", "--junit", "--html"])
+def test_unwritable_output_is_a_usage_error(flag: str, tmp_path: Path) -> None:
+    proc = cli(*FAST, flag, str(tmp_path / "missing-dir" / "out"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "does not exist" in proc.stderr
+
+
+def _strip_timings(doc: dict) -> dict:
+    for r in doc["results"]:
+        r.pop("seconds")
+    return doc
+
+
+@pytest.mark.slow
+def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
+    only = "oracle_agreement,fully_masked_rows,lk_equals_lv"
+    target = "tests/fixtures/seed_000.py:MultiHeadAttention"
+    runs = []
+    for i in range(2):
+        proc = cli("--profile", "ci", "--no-export", "--only", only, "--target", target,
+                   "--report", str(tmp_path / f"r{i}.json"), "--junit", str(tmp_path / f"j{i}.xml"),
+                   "--html", str(tmp_path / f"h{i}.html"))
+        assert proc.returncode == 1, proc.stderr  # seed 000 has real bugs
+        runs.append(_strip_timings(json.loads((tmp_path / f"r{i}.json").read_text())))
+    assert runs[0] == runs[1]
+    verdicts = {r["name"]: r["verdict"] for r in runs[0]["results"]}
+    assert verdicts == {"oracle_agreement": "fail", "fully_masked_rows": "fail", "lk_equals_lv": "warn"}
+    assert runs[0]["versions"]["torch"] and "CPUExecutionProvider" in runs[0]["providers"]
+    cases = ET.parse(tmp_path / "j0.xml").getroot().findall(".//testcase")
+    assert [c.get("name") for c in cases] == only.split(",")
+    assert len(ET.parse(tmp_path / "j0.xml").getroot().findall(".//failure")) == 2
+    page = (tmp_path / "h0.html").read_text()
+    assert "<svg" in page and "head 0" in page and "<script" not in page
+    proc = cli("--profile", "ci", "--no-export", "--only", "fully_masked_rows", "--target", target)
+    assert "replay:  mha-verify check --no-export --only fully_masked_rows" in proc.stdout
+    assert "example: B=1 Lq=1 Lk=1" in proc.stdout
+
+
+@pytest.mark.slow
+def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    proc = cli(*FAST, "--only", "oracle_agreement", "--baseline", str(base))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(base.read_text())
+    worst = doc["worst"]["properties/oracle_agreement"]
+    assert worst > 0
+    doc["worst"]["properties/oracle_agreement"] = worst / 100  # pretend the past was 100x better
+    base.write_text(json.dumps(doc))
+    proc = cli(*FAST, "--only", "oracle_agreement", "--baseline", str(base))
+    assert proc.returncode == 1
+    assert "baseline" in proc.stdout and "FAIL" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "words"), [
+    ("Segfaults", "killed by SIGSEGV"),
+    ("Hangs", "timed out after 20 s"),
+])
+def test_crash_or_hang_in_the_target_fails_that_check_only(target: str, words: str, tmp_path: Path) -> None:
+    proc = cli(*FAST, "--timeout", "20", "--only", "determinism,oracle_agreement",
+               "--target", f"tests/fixtures/bad_targets.py:{target}", "--report", str(tmp_path / "r.json"))
+    assert proc.returncode == 1
+    results = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert [r["name"] for r in results] == ["determinism", "oracle_agreement"]
+    assert all(r["verdict"] == "fail" and words in r["reason"] for r in results), results
+
+
+def test_list_names_every_property() -> None:
+    from mha_verify.cli import main
+    from properties.registry import all_properties
+
+    assert main(["list"]) == 0
+    assert len(all_properties()) >= 17
