@@ -1,0 +1,25 @@
+"""The property suite as pytest tests, collected by the plugin when --mha-target is given."""
+
+from __future__ import annotations
+
+import pytest
+
+from properties import profiles
+from properties.registry import all_properties
+from properties.runner import run_property
+from properties.targets import Target, load_target
+
+
+@pytest.fixture(scope="session")
+def mha_target(request: pytest.FixtureRequest) -> Target:
+    return load_target(request.config.getoption("--mha-target"), adapter=request.config.getoption("--mha-adapter"))
+
+
+@pytest.mark.parametrize("name", list(all_properties()))
+def test_mha_property(name: str, mha_target: Target, request: pytest.FixtureRequest) -> None:
+    settings = profiles.PROFILES[profiles.profile_name(request.config.getoption("--mha-profile"))]
+    result = run_property(all_properties()[name], mha_target, settings=settings)
+    if result.verdict == "n/a":
+        pytest.skip(f"not applicable: {result.reason}")
+    if result.failed:
+        pytest.fail(f"{result}\ncounterexample: {result.counterexample}", pytrace=False)
