@@ -1,0 +1,179 @@
+"""Forward latency of the reference against the alternatives, measured side by side.
+
+    python -m benchmarks.bench_mha [--reps N] [--sizes 1,16,512,8 ...] [--no-onnx]
+
+Contenders, interleaved in a shuffled order on every repetition so that a noisy machine
+affects all alike: the reference's fast path; a hand-written block of four nn.Linear plus
+F.scaled_dot_product_attention (no checks); torch.nn.MultiheadAttention; the reference's
+math path (need_weights=True, the seed's formula); and the exported model in onnxruntime.
+Prints medians and ratios to the hand-written block, the reference's FLOP rate against
+this machine's own matmul rate measured in the same run, and the peak memory of a
+long-context forward (in a child process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mha import MultiHeadAttention
+
+SIZES = [(1, 16, 512, 8), (8, 128, 512, 8), (4, 512, 512, 8), (1, 2048, 512, 8)]
+
+
+class HandWritten(nn.Module):
+    """Four nn.Linear and SDPA, no validation: the floor the reference's fast path is held to."""
+
+    def __init__(self, d: int, h: int) -> None:
+        super().__init__()
+        self.h = h
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, Lq, D = q.shape
+        Lk = k.shape[1]
+        qh = self.q(q).view(B, Lq, self.h, D // self.h).transpose(1, 2)
+        kh = self.k(k).view(B, Lk, self.h, D // self.h).transpose(1, 2)
+        vh = self.v(v).view(B, Lk, self.h, D // self.h).transpose(1, 2)
+        return self.o(F.scaled_dot_product_attention(qh, kh, vh).transpose(1, 2).reshape(B, Lq, D))
+
+
+def flops(B: int, Lq: int, Lk: int, D: int) -> float:
+    """Multiply-adds x 2: four projections and the two attention matmuls."""
+    return 2.0 * B * (2 * Lq + 2 * Lk) * D * D + 4.0 * B * Lq * Lk * D
+
+
+def _time(fn: Callable[[], object], inner: int) -> float:
+    start = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    return (time.perf_counter() - start) / inner
+
+
+def _inner(fn: Callable[[], object]) -> int:
+    """Calls per timing so that one timing lasts about 20 ms."""
+    t = _time(fn, 1)
+    return max(1, min(200, int(0.02 / max(t, 1e-7))))
+
+
+def _onnx_runner(ref: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                 ) -> Callable[[], object] | None:
+    try:
+        from export.bench_support import ort_runner
+    except ImportError:
+        return None
+    return ort_runner(ref, q, k, v)
+
+
+def bench_size(B: int, L: int, D: int, H: int, *, cross: bool, reps: int, onnx: bool) -> dict[str, float]:
+    Lk = max(1, L // 2) if cross else L
+    torch.manual_seed(0)
+    q = torch.randn(B, L, D)
+    kv = torch.randn(B, Lk, D) if cross else q
+    v = torch.randn(B, Lk, D) if cross else q
+    ref = MultiHeadAttention(D, H, dropout=0.0).eval()
+    hand = HandWritten(D, H).eval()
+    tmha = nn.MultiheadAttention(D, H, batch_first=True).eval()
+    contenders: dict[str, Callable[[], object]] = {
+        "reference": lambda: ref(q, kv, v),
+        "hand-written": lambda: hand(q, kv, v),
+        "torch MHA": lambda: tmha(q, kv, v, need_weights=False),
+        "math path": lambda: ref(q, kv, v, need_weights=True),
+    }
+    if onnx:
+        runner = _onnx_runner(ref, q, kv, v)
+        if runner is not None:
+            contenders["onnxruntime"] = runner
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    with torch.inference_mode():
+        inner = {name: _inner(fn) for name, fn in contenders.items()}  # also the warm-up
+        for _ in range(reps):
+            order = list(contenders)
+            random.shuffle(order)
+            for name in order:
+                samples[name].append(_time(contenders[name], inner[name]))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def matmul_rate(reps: int) -> float:
+    """This machine's float32 matmul rate (FLOP/s), median of ``reps`` 1024x1024x1024 products."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    torch.mm(a, b)
+    times = [_time(lambda: torch.mm(a, b), 5) for _ in range(reps)]
+    return 2 * 1024**3 / statistics.median(times)
+
+
+LONG_CONTEXT = """
+import torch
+from mha import MultiHeadAttention
+
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) / 2**20  # kB -> GiB
+
+torch.manual_seed(0)
+m = MultiHeadAttention(512, 8, dropout=0.0).eval()
+x = torch.randn(1, {L}, 512)
+with torch.inference_mode():
+    m(x[:, :64], x[:, :64], x[:, :64])
+    open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current RSS
+    before = status("VmHWM:")
+    out = m(x, x, x)
+    after = status("VmHWM:")
+print(before, after, tuple(out.shape))
+"""
+
+
+def long_context_peak(L: int = 16384) -> tuple[float, float]:
+    """(RSS before, peak RSS during) a forward at (1, L, 512, 8), in GiB, in a child process."""
+    proc = subprocess.run([sys.executable, "-c", LONG_CONTEXT.format(L=L)], capture_output=True, text=True,
+                          check=True)
+    before, after, _ = proc.stdout.split(maxsplit=2)
+    return float(before), float(after)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--sizes", nargs="*", default=None, help="B,L,D,H tuples")
+    parser.add_argument("--no-onnx", action="store_true")
+    parser.add_argument("--no-long-context", action="store_true")
+    args = parser.parse_args(argv)
+    sizes = [tuple(int(x) for x in s.split(",")) for s in args.sizes] if args.sizes else SIZES
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.reps} interleaved reps")
+    rate = matmul_rate(args.reps)
+    print(f"matmul rate (1024^3 float32, this run): {rate / 1e9:.1f} GFLOP/s\n")
+    header = f"{'B,L,D,H':>14} {'mode':>5}  {'contender':<12} {'median':>10}  {'vs hand':>7}  {'vs MHA':>7}"
+    print(header)
+    for B, L, D, H in sizes:
+        for cross in (False, True):
+            med = bench_size(B, L, D, H, cross=cross, reps=args.reps, onnx=not args.no_onnx)
+            for name, t in med.items():
+                print(f"{f'{B},{L},{D},{H}':>14} {'cross' if cross else 'self':>5}  {name:<12} {t * 1e3:>8.3f}ms  "
+                      f"{t / med['hand-written']:>7.3f}  {t / med['torch MHA']:>7.3f}")
+            Lk = max(1, L // 2) if cross else L
+            frac = flops(B, L, Lk, D) / med["reference"] / rate
+            print(f"{'':>14} {'':>5}  reference FLOP rate {flops(B, L, Lk, D) / med['reference'] / 1e9:.1f} GFLOP/s"
+                  f" = {frac:.2f} of matmul")
+    if not args.no_long_context:
+        before, after = long_context_peak()
+        scores = 8 * 16384 * 16384 * 4 / 2**30
+        print(f"\nlong context (1, 16384, 512, 8), fast path: RSS {before:.2f} GiB before, peak {after:.2f} GiB during "
+              f"the forward (+{(after - before) * 1024:.0f} MiB); materialized (H, L, L) float32 scores alone would "
+              f"take {scores:.1f} GiB ({8 * 16384 * 16384 * 4 / 1e9:.1f} GB)")
+    return 0 if math.isfinite(rate) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
