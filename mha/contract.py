@@ -50,7 +50,26 @@ def check_qkv(
     """Validate q (B, Lq, D), k (B, Lk, D), v (B, Lv, D); return (B, Lq, Lk).
 
     ``dtype`` and ``device`` are those of the layer's parameters: the inputs must match them.
+    The common, valid case costs a few attribute reads; only a failing input takes the slow
+    path that works out which rule it broke and says so.
     """
+    if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor:
+        qs, ks, vs = q.shape, k.shape, v.shape
+        if (
+            len(qs) == 3 and len(ks) == 3 and len(vs) == 3
+            and qs[2] == d_model and ks[2] == d_model and vs[2] == d_model
+            and qs[0] == ks[0] and ks[0] == vs[0] and ks[1] == vs[1]
+            and qs[0] > 0 and qs[1] > 0 and ks[1] > 0
+            and q.dtype == dtype and k.dtype == dtype and v.dtype == dtype
+            and q.device == device and k.device == device and v.device == device
+        ):
+            return qs[0], qs[1], ks[1]
+    return _check_qkv_slow(q, k, v, d_model=d_model, dtype=dtype, device=device)
+
+
+def _check_qkv_slow(
+    q: object, k: object, v: object, *, d_model: int, dtype: torch.dtype, device: torch.device
+) -> tuple[int, int, int]:
     tensors = {"q": q, "k": k, "v": v}
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor):
@@ -103,6 +122,11 @@ def check_mask(mask: object, *, target: tuple[int, int, int, int], dtype: torch.
     float mask of the inputs' dtype (0 keeps, -inf removes), of any shape that broadcasts
     to (B, H, Lq, Lk). Integer masks are rejected: 0/1 could mean keep/drop or an additive bias.
     """
+    if type(mask) is torch.Tensor and mask.dtype == torch.bool and mask.device == device:  # the common case
+        shape = mask.shape
+        if len(shape) <= 4 and all(size == 1 or size == want for size, want in
+                                   zip(reversed(shape), reversed(target), strict=False)):
+            return
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor or None, got {type(mask).__name__}")
     if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
@@ -125,5 +149,6 @@ def check_mask(mask: object, *, target: tuple[int, int, int, int], dtype: torch.
             raise ValueError(
                 f"mask must broadcast to (B, H, Lq, Lk)={tuple(target)}, got mask.shape={tuple(mask.shape)}"
             )
-    if mask.dtype.is_floating_point and bool((mask.isnan() | (mask == math.inf)).any()):
+    # max() propagates NaN, so one reduction finds both NaN and +inf
+    if mask.dtype.is_floating_point and mask.numel() and not bool(mask.max() < math.inf):
         raise ValueError("a float mask must hold finite values or -inf, got NaN or +inf in mask")
