@@ -1,0 +1,206 @@
+"""Export an attention target to ONNX with torch's dynamo or TorchScript exporter.
+
+``export_onnx`` writes a model whose interface :mod:`export.wrapper` documents (q, k, v, an
+optional broadcastable bool mask; ``out`` first), with B, Lq and Lk dynamic and independent,
+checked by ``onnx.checker`` (full check) and strict shape inference, carrying metadata, and
+written atomically.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import io
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+
+from export.atomic import atomic_path
+from export.graph_fixes import refresh_shapes, relax_mask_input, resource_mask_dims
+from export.opsets import ATTENTION_OP_OPSET, check_opset
+from export.wrapper import ExportWrapper, example_inputs
+from properties.adapters import Adapter, find_adapter
+from properties.targets import Bound
+
+INPUT_NAMES = ("q", "k", "v", "mask")
+OUTPUT_NAME = "out"
+MASK_CONVENTION = "bool keep-mask (True = may attend), rank 4, each axis 1 or (B, H, Lq, Lk); omitted = no mask"
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+# Ranges declared for the dynamic dims (dynamo); the graphs themselves have no upper bound.
+_MAX_BATCH, _MAX_LEN = 1 << 16, 1 << 20
+
+
+class ExportError(Exception):
+    """The export, or a check of the exported model, failed; nothing was written."""
+
+
+@dataclass(frozen=True)
+class ExportInfo:
+    """What was written: the file, the exporter, the opset, the dtype and how long it took."""
+
+    path: Path
+    exporter: str
+    opset: int
+    dtype: torch.dtype
+    d_model: int
+    n_head: int
+    seconds: float
+
+    @property
+    def config(self) -> str:
+        """e.g. ``dynamo-opset23-float32``, the prefix of validation check names."""
+        return config_name(self.exporter, self.opset, self.dtype)
+
+
+def config_name(exporter: str, opset: int, dtype: torch.dtype) -> str:
+    return f"{exporter}-opset{opset}-{str(dtype).replace('torch.', '')}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def as_bound(obj: Bound | nn.Module, *, d_model: int | None = None, n_head: int | None = None) -> Bound:
+    """A Bound for ``obj``: itself, or a module bound to the adapter that recognizes it.
+
+    For a plain module, d_model and n_head default to its ``d_model`` / ``n_head``
+    attributes (or ``embed_dim`` / ``num_heads``, torch.nn.MultiheadAttention's names).
+    """
+    if isinstance(obj, Bound):
+        return obj
+    if not isinstance(obj, nn.Module):
+        raise TypeError(f"expected a properties.targets.Bound or a torch.nn.Module, got {type(obj).__name__}")
+    d = d_model if d_model is not None else getattr(obj, "d_model", getattr(obj, "embed_dim", None))
+    h = n_head if n_head is not None else getattr(obj, "n_head", getattr(obj, "num_heads", None))
+    if not isinstance(d, int) or not isinstance(h, int):
+        raise ValueError(f"cannot tell d_model and n_head of {type(obj).__name__}: pass d_model= and n_head=")
+    return make_bound(obj.eval(), find_adapter(obj), d, h)
+
+
+def make_bound(module: nn.Module, adapter: Adapter, d_model: int, n_head: int) -> Bound:
+    """A Bound for an already-built module (with a ``rebuild`` giving a copy, where Bound has one)."""
+    extra: dict[str, object] = {}
+    if "rebuild" in {f.name for f in dataclasses.fields(Bound)}:
+        extra["rebuild"] = lambda: make_bound(copy.deepcopy(module), adapter, d_model, n_head)
+    return Bound(module, adapter, d_model, n_head, **extra)  # type: ignore[arg-type]
+
+
+def _in_dtype(bound: Bound, dtype: torch.dtype) -> Bound:
+    """The bound target in ``dtype`` (a copy if it is in another dtype), in eval mode."""
+    first = next(iter(bound.module.parameters()), None)
+    module = bound.module
+    if first is not None and first.dtype != dtype:
+        module = copy.deepcopy(module).to(dtype)
+    return dataclasses.replace(bound, module=module.eval())
+
+
+def _dynamo(wrapper: nn.Module, args: tuple[torch.Tensor, ...], opset: int) -> onnx.ModelProto:
+    batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
+    lq = torch.export.Dim("lq", min=1, max=_MAX_LEN)
+    lk = torch.export.Dim("lk", min=1, max=_MAX_LEN)
+    shapes = {"q": {0: batch, 1: lq}, "k": {0: batch, 1: lk}, "v": {0: batch, 1: lk},
+              "mask": {0: batch, 2: lq, 3: lk}}
+    program = torch.onnx.export(
+        wrapper, args, None, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
+        input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME], verbose=False,
+    )
+    if program is None:  # pragma: no cover - dynamo=True with f=None always returns a program
+        raise ExportError("torch.onnx.export returned no program")
+    return program.model_proto
+
+
+def _torchscript(wrapper: nn.Module, args: tuple[torch.Tensor, ...], opset: int) -> onnx.ModelProto:
+    buf = io.BytesIO()
+    axes = {"q": {0: "batch", 1: "lq"}, "k": {0: "batch", 1: "lk"}, "v": {0: "batch", 1: "lk"},
+            "mask": {0: "batch", 2: "lq", 3: "lk"}, OUTPUT_NAME: {0: "batch", 1: "lq"}}
+    torch.onnx.export(
+        wrapper, args, buf,  # type: ignore[arg-type]  # torch documents file objects for the TorchScript exporter
+        dynamo=False, opset_version=opset, input_names=list(INPUT_NAMES),
+        output_names=[OUTPUT_NAME], dynamic_axes=axes,
+    )
+    return onnx.load_from_string(buf.getvalue())
+
+
+def set_metadata(model: onnx.ModelProto, values: dict[str, str]) -> None:
+    """Set (replace) ``metadata_props`` entries."""
+    keep = [p for p in model.metadata_props if p.key not in values]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    for key, value in values.items():
+        model.metadata_props.add(key=key, value=value)
+
+
+def export_onnx(
+    target: Bound | nn.Module,
+    path: str | os.PathLike[str],
+    *,
+    exporter: str = "dynamo",
+    opset: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    d_model: int | None = None,
+    n_head: int | None = None,
+    device: torch.device | str = "cpu",
+    target_spec: str | None = None,
+) -> ExportInfo:
+    """Export ``target`` to ONNX at ``path`` (atomically) and return what was written.
+
+    Args:
+        target: a Bound (from ``Target.build``) or an nn.Module that an adapter recognizes;
+            either way it is exported through :class:`export.wrapper.ExportWrapper`, in our
+            calling convention.
+        exporter: "dynamo" (``torch.export`` with ``Dim``\\ s) or "torchscript" (tracing with
+            ``dynamic_axes``).
+        opset: 17 .. :func:`export.opsets.newest_opset`; default the newest. At opset >= 23
+            the dynamo exporter lowers attention to the ONNX ``Attention`` operator.
+        dtype: torch.float32 or torch.float16; the model's inputs and output have this dtype.
+        device: where the module and example inputs live while tracing ("cuda" for a GPU
+            export; the graph is device-independent).
+    Raises:
+        ValueError / TypeError for bad arguments; ExportError if torch fails to export or the
+        model fails ``onnx.checker``/shape inference. Nothing is written then.
+    """
+    if dtype not in DTYPES.values():
+        raise TypeError(f"dtype must be one of {', '.join(DTYPES)}, got dtype={dtype}")
+    opset = check_opset(exporter, opset)
+    bound = _in_dtype(as_bound(target, d_model=d_model, n_head=n_head), dtype)
+    bound.module.to(device)
+    wrapper = ExportWrapper(bound).eval()
+    args = example_inputs(bound.d_model, bound.n_head, dtype=dtype, device=device)
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            proto = (_dynamo if exporter == "dynamo" else _torchscript)(wrapper, args, opset)
+    except Exception as exc:
+        raise ExportError(f"torch.onnx.export ({exporter}, opset {opset}) failed: {type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+    written = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if written != opset:
+        raise ExportError(f"asked the {exporter} exporter for opset {opset}, it wrote opset {written}")
+    try:
+        resource_mask_dims(proto, bound.n_head)
+        relax_mask_input(proto)
+        proto = refresh_shapes(proto)
+        set_metadata(proto, {
+            "d_model": str(bound.d_model), "n_head": str(bound.n_head), "mask_convention": MASK_CONVENTION,
+            "fully_masked": bound.conventions.fully_masked, "exporter": exporter, "opset": str(opset),
+            "dtype": dtype_name(dtype), "torch_version": torch.__version__,
+            "target": target_spec or f"{type(bound.module).__module__}.{type(bound.module).__qualname__}",
+            "onnx_attention_op": str(any(n.op_type == "Attention" for n in proto.graph.node)).lower(),
+        })
+        onnx.checker.check_model(proto, full_check=True)
+    except (ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise ExportError(f"the exported model ({exporter}, opset {opset}) is invalid: {exc}") from exc
+    with atomic_path(path) as tmp:
+        onnx.save_model(proto, tmp)
+        onnx.checker.check_model(str(tmp), full_check=True)  # what is on disk, not only in memory
+    return ExportInfo(Path(path), exporter, opset, dtype, bound.d_model, bound.n_head, time.perf_counter() - start)
+
+
+__all__ = ["ATTENTION_OP_OPSET", "DTYPES", "ExportError", "ExportInfo", "as_bound", "config_name", "export_onnx"]

@@ -1,0 +1,86 @@
+"""The dynamo exporter (slow: ~5 s an export): our export validated over generated shapes,
+and pitfalls (a) and (b) reproduced with torch directly and caught by validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import settings
+from torch import nn
+
+from export.onnx_export import export_onnx
+from export.opsets import newest_opset
+from export.ort_model import interface_problems, read_interface
+from export.validate import validate_model
+from export.wrapper import ExportWrapper
+from properties.targets import load_target
+
+pytestmark = pytest.mark.slow
+CI = settings(max_examples=40, derandomize=True, deadline=None, database=None)
+NAMES = {"input_names": ["q", "k", "v", "mask"], "output_names": ["out"]}
+
+
+def test_dynamo_export_at_the_newest_opset_uses_attention_and_validates(tmp_path: Path) -> None:
+    bound = load_target().build(16, 4, seed=0)
+    path = tmp_path / "m.onnx"
+    info = export_onnx(bound, path, exporter="dynamo")
+    assert info.opset == newest_opset("dynamo")
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    assert any(n.op_type == "Attention" for n in model.graph.node) == (info.opset >= 23)
+    results = validate_model(path, bound, settings=CI)
+    assert not [str(r) for r in results if r.verdict != "pass"]
+    assert sum(r.examples for r in results) >= 200
+
+
+def test_pitfall_a_same_example_tensor_for_k_and_v_is_caught(tmp_path: Path) -> None:
+    bound = load_target().build(16, 4, seed=0)
+    q, kv, mask = torch.randn(2, 3, 16), torch.randn(2, 5, 16), torch.ones(2, 4, 3, 5, dtype=torch.bool)
+    batch, lq, lk = torch.export.Dim("batch"), torch.export.Dim("lq"), torch.export.Dim("lk")
+    shapes = {"q": {0: batch, 1: lq}, "k": {0: batch, 1: lk}, "v": {0: batch, 1: lk}, "mask": {0: batch, 2: lq, 3: lk}}
+    program = torch.onnx.export(ExportWrapper(bound), (q, kv, kv, mask), None, dynamo=True,
+                                dynamic_shapes=shapes, **NAMES)
+    assert program is not None
+    path = tmp_path / "kv.onnx"
+    program.save(str(path))
+    problems = interface_problems(read_interface(path))
+    assert problems and "'k' is not read by any node" in problems[0], problems  # keys are projected from v
+    results = validate_model(path, bound, settings=CI, opt_levels=("opt-all",), checks=("oracle",))
+    assert results[0].failed and results[1].failed  # interface, and the numbers
+
+
+class _ShapeBranch(nn.Module):
+    """A layer whose code compares Lq with Lk (a 'self-attention' branch): with equal example
+    sizes the exporter takes the branch and merges the two dims."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(16, 16) for _ in range(4))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if q.shape[1] == k.shape[1]:
+            k = k * 1.0
+        split = [x.unflatten(-1, (4, 4)).transpose(1, 2) for x in (self.w_q(q), self.w_k(k), self.w_v(v))]
+        return self.w_o(F.scaled_dot_product_attention(*split, attn_mask=mask).transpose(1, 2).flatten(-2))
+
+
+def test_pitfall_b_equal_example_sizes_merge_lq_and_lk_and_are_caught(tmp_path: Path) -> None:
+    from export.onnx_export import as_bound
+
+    module = _ShapeBranch().eval()
+    q, k, v, mask = torch.randn(2, 4, 16), torch.randn(2, 4, 16), torch.randn(2, 4, 16), torch.ones(2, 4, 4, 4) > 0
+    axes = {"q": {0: "batch", 1: "lq"}, "k": {0: "batch", 1: "lk"}, "v": {0: "batch", 1: "lk"},
+            "mask": {0: "batch", 2: "lq", 3: "lk"}}
+    program = torch.onnx.export(module, (q, k, v, mask), None, dynamo=True, dynamic_axes=axes, **NAMES)
+    assert program is not None
+    path = tmp_path / "merged.onnx"
+    program.save(str(path))
+    problems = interface_problems(read_interface(path))
+    assert any("Lq and Lk are one dimension" in p for p in problems)
+    results = validate_model(path, as_bound(module, d_model=16, n_head=4), settings=CI, opt_levels=("opt-all",),
+                             checks=("oracle",))
+    assert results[0].failed and results[1].failed and results[1].counterexample is not None
