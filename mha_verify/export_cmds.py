@@ -1,0 +1,192 @@
+"""The ``mha-verify export`` and ``mha-verify validate`` subcommands.
+
+Wire into the main parser with ``export_cmds.add_parsers(subparsers)``; each subcommand sets
+``func`` to a handler ``(args) -> exit code``: 0 every check passed, 1 a check failed (for
+``export``: and nothing was written), 2 usage error (one line on stderr, no traceback, no
+file). Handlers catch their own usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+class _Abort(Exception):  # noqa: N818 -- control flow, not an error
+    """Validation failed: leave no file."""
+
+
+def format_results(results: Sequence[object]) -> str:
+    """A plain-text table of CheckResults: verdict, name, examples, worst/allowed error, time, remark."""
+    from properties.results import CheckResult
+
+    rows = [("verdict", "check", "examples", "worst error", "allowed", "seconds", "remark")]
+    for r in results:
+        assert isinstance(r, CheckResult)
+        remark = r.reason or ""
+        if r.counterexample:
+            remark += f" | counterexample: {r.counterexample}"
+        if r.replay:
+            remark += f" | replay: {r.replay}"
+        rows.append((r.verdict.upper(), r.name, str(r.examples),
+                     "" if r.worst_error is None else f"{r.worst_error:.3g}",
+                     "" if r.allowed is None else f"{r.allowed:.3g}", f"{r.seconds:.2f}", remark))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True))
+             + ("  " + row[6] if row[6] else "") for row in rows]
+    failed = sum(1 for r in results if getattr(r, "failed", False))
+    lines.append(f"{len(results)} checks, {failed} failed")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _usage(message: str) -> int:
+    print(f"mha-verify: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _providers(text: str) -> list[str]:
+    from export.ort_model import PROVIDERS, available_providers
+
+    wanted = [p.strip() for p in text.split(",") if p.strip()]
+    have = available_providers()
+    for p in wanted:
+        if p not in PROVIDERS:
+            raise ValueError(f"unknown provider {p!r}; known: {', '.join(PROVIDERS)}")
+        if p not in have:
+            raise ValueError(f"provider {p!r} is not available in this onnxruntime; available: {', '.join(have)}")
+    if not wanted:
+        raise ValueError("--providers is empty")
+    return wanted
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export, validate in a temp file next to the output, then move it into place."""
+    from export.atomic import atomic_path
+    from export.onnx_export import DTYPES, ExportError, export_onnx
+    from export.opsets import check_opset
+    from export.ort_model import ModelError
+    from export.validate import validate_model
+    from properties import profiles
+    from properties.targets import TargetError, load_target
+
+    try:
+        opset = check_opset(args.exporter, args.opset)
+        settings = profiles.PROFILES[profiles.profile_name(args.profile)]
+        dtype = DTYPES[args.dtype]
+        out = Path(args.output)
+        if not out.parent.is_dir():
+            raise ValueError(f"output directory {str(out.parent)!r} does not exist")
+        target = load_target(args.target)
+        bound = target.build(args.d_model, args.n_head, seed=args.seed, dtype=dtype)
+        if args.weights is not None:
+            import torch
+
+            if not Path(args.weights).is_file():
+                raise TargetError(f"weights file {args.weights!r} does not exist")
+            try:
+                bound.module.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
+            except Exception as exc:
+                raise TargetError(f"cannot load weights {args.weights!r}: {type(exc).__name__}: "
+                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+            bound.module.to(dtype).eval()
+    except (TargetError, ModelError, ValueError, TypeError) as exc:
+        return _usage(str(exc))
+    try:
+        with atomic_path(out) as tmp:
+            info = export_onnx(bound, tmp, exporter=args.exporter, opset=opset, dtype=dtype, target_spec=target.spec)
+            results = validate_model(tmp, bound, settings=settings, bundle_dir=args.bundle_dir, name=info.config)
+            print(format_results(results))
+            if any(r.failed for r in results):
+                raise _Abort
+    except ExportError as exc:
+        print(f"mha-verify: export failed: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except _Abort:
+        print(f"mha-verify: validation failed; {str(out)!r} was not written", file=sys.stderr)
+        return EXIT_FAIL
+    print(f"wrote {out}")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate an existing model file against the target (isolated in a child process by default)."""
+    from export.isolate import bind_to_model, validate_isolated
+    from export.ort_model import ModelError, read_interface
+    from export.validate import validate_model
+    from properties import profiles
+    from properties.targets import TargetError
+
+    try:
+        providers = _providers(args.providers)
+        profile = profiles.profile_name(args.profile)
+        info = read_interface(args.model)
+        bound = bind_to_model(info, target_spec=args.target, weights=args.weights, seed=args.seed,
+                              d_model=args.d_model, n_head=args.n_head)
+    except (TargetError, ModelError, ValueError) as exc:
+        return _usage(str(exc))
+    if args.isolate:
+        results = validate_isolated(args.model, target_spec=args.target, weights=args.weights, seed=args.seed,
+                                    profile=profile, providers=providers, bundle_dir=args.bundle_dir,
+                                    d_model=args.d_model, n_head=args.n_head, timeout=args.timeout)
+    else:
+        results = validate_model(args.model, bound, settings=profiles.PROFILES[profile], providers=providers,
+                                 bundle_dir=args.bundle_dir)
+    print(format_results(results))
+    return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=None, metavar="SPEC",
+                   help="package.module:Attr or path/to/file.py:Attr (default: mha:MultiHeadAttention)")
+    p.add_argument("--weights", default=None, metavar="FILE",
+                   help="a state_dict for the target, loaded with torch.load(weights_only=True)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the target's initial weights (default 0)")
+    p.add_argument("--profile", choices=("quick", "ci", "thorough"), default=None,
+                   help="Hypothesis profile (default: $MHA_VERIFY_PROFILE or ci)")
+    p.add_argument("--bundle-dir", default=None, metavar="DIR",
+                   help="write a reproduction bundle for each failed check into DIR")
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``export`` and ``validate`` on the main parser's subparsers."""
+    from export.opsets import EXPORTERS
+
+    ex = subparsers.add_parser("export", help="export a target to ONNX; validated before it is written",
+                               description="Export to ONNX, validate in onnxruntime, then write atomically. "
+                                           "Exit 0 written, 1 a check failed (nothing written), 2 usage error.")
+    _common(ex)
+    ex.add_argument("--d-model", type=int, required=True, help="model width D")
+    ex.add_argument("--n-head", type=int, required=True, help="number of heads H")
+    ex.add_argument("--exporter", choices=EXPORTERS, default="dynamo", help="torch exporter (default dynamo)")
+    ex.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the newest supported)")
+    ex.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="model dtype")
+    ex.add_argument("-o", "--output", required=True, metavar="model.onnx", help="where to write the model")
+    ex.set_defaults(func=cmd_export)
+
+    va = subparsers.add_parser("validate", help="validate an ONNX model against a target in onnxruntime",
+                               description="Exit 0 pass, 1 a check failed, 2 usage error.")
+    va.add_argument("model", metavar="model.onnx")
+    _common(va)
+    va.add_argument("--providers", default="cpu", help="comma-separated: cpu, cuda, tensorrt (default cpu)")
+    va.add_argument("--d-model", type=int, default=None, help="override d_model (default: model metadata)")
+    va.add_argument("--n-head", type=int, default=None, help="override n_head (default: model metadata)")
+    va.add_argument("--no-isolate", dest="isolate", action="store_false",
+                    help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
+    va.add_argument("--timeout", type=float, default=600.0, help="seconds before an isolated run counts as hung")
+    va.set_defaults(func=cmd_validate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry with only these subcommands (``python -m mha_verify.export_cmds``)."""
+    parser = argparse.ArgumentParser(prog="mha-verify")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

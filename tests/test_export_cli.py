@@ -1,0 +1,77 @@
+"""``mha-verify export`` and ``mha-verify validate``: exit codes 0/1/2, files written or not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mha_verify.export_cmds import main
+
+FROZEN = '''
+from torch import nn
+from mha import MultiHeadAttention
+
+
+class Frozen(MultiHeadAttention):
+    """The reference, but its batch size turns into a constant when traced."""
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):
+        B = int(q.size(0))
+        return super().forward(q.reshape(B, q.shape[1], q.shape[2]), k, v, mask)
+'''
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "ref.onnx"
+    assert main(["export", "--d-model", "16", "--n-head", "4", "--exporter", "torchscript", "--profile", "quick",
+                 "-o", str(out)]) == 0
+    return out
+
+
+def test_export_writes_a_validated_model(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert model.is_file()
+
+
+def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(model), "--profile", "quick", "--no-isolate"]) == 0
+    assert "0 failed" in capsys.readouterr().out
+    assert main(["validate", str(model), "--profile", "quick", "--no-isolate", "--seed", "3"]) == 1  # other weights
+    for argv, message in [
+        (["validate", str(tmp_path / "missing.onnx")], "does not exist"),
+        (["validate", str(tmp_path / "junk.onnx")], "is not an ONNX model"),
+        (["validate", str(model), "--providers", "cuda"], "available: cpu"),
+    ]:
+        (tmp_path / "junk.onnx").write_text("not a model")
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_validate_isolated_by_default(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(model), "--profile", "quick"]) == 0
+
+
+def test_export_that_fails_validation_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "frozen.py"
+    spec.write_text(FROZEN)
+    out = tmp_path / "frozen.onnx"
+    code = main(["export", "--target", f"{spec}:Frozen", "--d-model", "16", "--n-head", "4", "--exporter",
+                 "torchscript", "--profile", "quick", "--bundle-dir", str(tmp_path / "b"), "-o", str(out)])
+    assert code == 1
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["b", "frozen.py"]
+    assert "was not written" in capsys.readouterr().err
+    assert any((tmp_path / "b").glob("*/replay.py"))
+
+
+def test_export_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.onnx"
+    for extra, message in [(["--opset", "16"], "opset=16"), (["--target", "nope:X"], "cannot import"),
+                           (["--weights", str(tmp_path / "w.pt")], "does not exist")]:
+        assert main(["export", "--d-model", "16", "--n-head", "4", "--exporter", "torchscript", *extra,
+                     "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1
+        assert not out.exists()
