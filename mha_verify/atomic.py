@@ -9,6 +9,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from export.atomic import atomic_path
+
 
 class AtomicWriter:
     """A destination checked for writability now and written in one rename later."""
@@ -29,14 +31,8 @@ class AtomicWriter:
         self.parent = parent
 
     def write_bytes(self, data: bytes) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_path(self.path, suffix="") as tmp:
+            tmp.write_bytes(data)
 
     def write_text(self, text: str) -> None:
         self.write_bytes(text.encode("utf-8"))

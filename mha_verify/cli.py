@@ -94,12 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_check_parser(sub)
     lp = sub.add_parser("list", help="list the properties and what each states")
     lp.set_defaults(func=run_list)
-    try:
-        from mha_verify import export_cmds
-    except ImportError:  # the export stage is optional until its module lands
-        pass
-    else:
-        export_cmds.add_parsers(sub)
+    from mha_verify import export_cmds
+
+    export_cmds.add_parsers(sub)
     return parser
 
 

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from properties.results import CheckResult
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
@@ -20,27 +22,11 @@ class _Abort(Exception):  # noqa: N818 -- control flow, not an error
     """Validation failed: leave no file."""
 
 
-def format_results(results: Sequence[object]) -> str:
-    """A plain-text table of CheckResults: verdict, name, examples, worst/allowed error, time, remark."""
-    from properties.results import CheckResult
+def format_results(results: Sequence[CheckResult]) -> str:
+    """The CLI's text report: a table per stage, each failure in full, a summary line."""
+    from mha_verify import report_text
 
-    rows = [("verdict", "check", "examples", "worst error", "allowed", "seconds", "remark")]
-    for r in results:
-        assert isinstance(r, CheckResult)
-        remark = r.reason or ""
-        if r.counterexample:
-            remark += f" | counterexample: {r.counterexample}"
-        if r.replay:
-            remark += f" | replay: {r.replay}"
-        rows.append((r.verdict.upper(), r.name, str(r.examples),
-                     "" if r.worst_error is None else f"{r.worst_error:.3g}",
-                     "" if r.allowed is None else f"{r.allowed:.3g}", f"{r.seconds:.2f}", remark))
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True))
-             + ("  " + row[6] if row[6] else "") for row in rows]
-    failed = sum(1 for r in results if getattr(r, "failed", False))
-    lines.append(f"{len(results)} checks, {failed} failed")
-    return "\n".join(line.rstrip() for line in lines)
+    return "\n".join((report_text.table(results), report_text.failures(results), report_text.summary(results)))
 
 
 def _usage(message: str) -> int:
@@ -178,15 +164,3 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
     va.add_argument("--timeout", type=float, default=600.0, help="seconds before an isolated run counts as hung")
     va.set_defaults(func=cmd_validate)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry with only these subcommands (``python -m mha_verify.export_cmds``)."""
-    parser = argparse.ArgumentParser(prog="mha-verify")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

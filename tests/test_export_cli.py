@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_verify.export_cmds import main
+from mha_verify.cli import main
 
 FROZEN = '''
 from torch import nn
