@@ -92,7 +92,8 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """(B, H, Lq, Hd), (B, H, Lk, Hd) x2 -> (B, H, Lq, Hd) through F.scaled_dot_product_attention."""
         p = self.dropout.p if self.training else 0.0
-        heads = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, scale=self.scale)
+        # SDPA's default scale is 1 / sqrt(Hd), the same as self.scale
+        heads = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p)
         if mask is not None and (torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()):
             # Eager SDPA already returns zeros for fully masked rows (PyTorch >= 2.5); its ONNX
             # lowerings do not all do so, so exported graphs zero those rows explicitly.
