@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from properties import profiles
 
 profiles.load()
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # each xdist worker has a core of its own: one intra-op thread, not two workers x two threads
+    torch.set_num_threads(1)
 
 
 def seeded_mha(d_model: int, n_head: int, dropout: float = 0.0, seed: int = 0, **kw: object) -> torch.nn.Module:
