@@ -70,7 +70,7 @@ class Isolated:
         self.limits = limits
         # fork on Linux: the worker starts with torch already imported (spawn would import it
         # again, ~3 s); elsewhere spawn, the only safe choice on macOS
-        self._ctx = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+        self._ctx: Any = mp.get_context("fork" if sys.platform == "linux" else "spawn")
         self._proc: Any = None
         self._conn: Connection | None = None
 
