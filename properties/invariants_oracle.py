@@ -43,15 +43,19 @@ def head_split(bound: Bound, ex: AttnExample) -> Measure:
 
     (x W^T)[..., i*Hd:(i+1)*Hd] = x W_i^T for every head i, so the packed formula equals
     Concat_i(Attention(q W_i^Q, k W_i^K, v W_i^V)) W_o (checked in float64 to 1e-9 relative),
-    and the target equals that per-head formulation within the derived tolerance.
+    and the target equals that per-head formulation within the derived tolerance, calibrated
+    by the larger same-precision error of the two formulations (the target may compute
+    either way).
     """
     params = bound.params()
     packed, _ = multi_head(ex.q, ex.k, ex.v, params, bound.n_head, ex.mask)
     heads = per_head(ex.q, ex.k, ex.v, params, bound.n_head, ex.mask)
     close(heads, packed, 1e-9 * (1.0 + float(packed.abs().max())), "per-head formulation vs packed (float64)")
-    same = per_head(ex.q, ex.k, ex.v, params, bound.n_head, ex.mask, dtype=ex.q.dtype)
+    same_heads = per_head(ex.q, ex.k, ex.v, params, bound.n_head, ex.mask, dtype=ex.q.dtype)
+    same_packed, _ = multi_head(ex.q, ex.k, ex.v, params, bound.n_head, ex.mask, dtype=ex.q.dtype)
+    worse = max((same_heads, same_packed), key=lambda t: float((t.double() - heads).abs().max()))
     out = bound(ex.q, ex.k, ex.v, ex.mask)
-    return ensure(compare(out, heads, same, ex.q.dtype), "target vs per-head formulation")
+    return ensure(compare(out, heads, worse, ex.q.dtype), "target vs per-head formulation")
 
 
 def _small(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
@@ -68,7 +72,11 @@ def gradcheck(bound: Bound, ex: AttnExample) -> Measure:
     target is built in float64.
     """
     cross = bound.conventions.cross_attention
-    rows = clean_rows(ex)
+    # rows with a fully masked head are left out only where the target declares NaN there
+    rows = clean_rows(ex) if bound.conventions.fully_masked != "zeros" else torch.ones(
+        ex.sizes.batch, ex.sizes.lq, dtype=torch.bool)
+    if not bool(rows.any()):
+        return Measure()
     q = ex.q.clone().requires_grad_(True)
     if cross:
         k, v = ex.k.clone().requires_grad_(True), ex.v.clone().requires_grad_(True)
