@@ -31,6 +31,7 @@ SEEDS = "tests/fixtures/seed_{}.py:{}"
         pytest.param(SEEDS.format("000", "MultiHeadAttention"), "lk_equals_lv", "warn", id="seed000-lk-lv"),
         pytest.param(SEEDS.format("000", "MultiHeadAttention"), "mask_zeroes_weights", "n/a", id="seed000-no-w"),
         pytest.param(SEEDS.format("001", "MultiHeadAttention"), "oracle_agreement", "pass", id="seed001-oracle"),
+        pytest.param(SEEDS.format("001", "MultiHeadAttention"), "head_split", "pass", id="seed001-head-split"),
         pytest.param(SEEDS.format("001", "MultiHeadAttention"), "masked_kv_invariance", "n/a", id="seed001-no-mask"),
         pytest.param(SEEDS.format("001", "MultiHeadAttention"), "key_permutation", "n/a", id="seed001-self-only"),
         pytest.param(SEEDS.format("002", "build"), "oracle_agreement", "fail", id="seed002-oracle"),
