@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 
-MIN_OPSET = 17
 _MIN_BY_EXPORTER = {"dynamo": 18, "torchscript": 17}
 ATTENTION_OP_OPSET = 23
 EXPORTERS = ("dynamo", "torchscript")

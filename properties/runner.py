@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given
@@ -164,17 +164,3 @@ def select(names: Iterable[str] | None) -> list[Property]:
     if unknown:
         raise ValueError(f"unknown properties {', '.join(unknown)}; known: {', '.join(props)}")
     return [props[n] for n in chosen]
-
-
-def run_properties(
-    target: Target, *, settings: Settings, names: Iterable[str] | None = None, seed: int | None = None,
-    replay: Callable[[str], str] | None = None, progress: Callable[[str], None] | None = None,
-) -> list[CheckResult]:
-    """Run the chosen properties in order; ``replay(name)`` gives the command that replays one."""
-    results = []
-    for prop in select(names):
-        if progress:
-            progress(prop.name)
-        results.append(run_property(prop, target, settings=settings, seed=seed,
-                                    replay=None if replay is None else replay(prop.name)))
-    return results
