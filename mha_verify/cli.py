@@ -76,7 +76,8 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --baseline: fail when a worst error exceeds BUDGET x its baseline (default 2)")
     p.add_argument("--update-baseline", action="store_true", help="with --baseline: overwrite it with this run")
     p.add_argument("--bundle-dir", metavar="DIR", default=None, help="write reproduction bundles of export failures")
-    p.add_argument("--timeout", type=_positive, default=900, help="seconds per check before it counts as hung")
+    p.add_argument("--timeout", type=_positive, default=None,
+                   help="seconds per check before it counts as hung (default: 60, or 0.6 per example if more)")
     p.add_argument("--no-isolation", action="store_true",
                    help="run checks in this process (faster start; a crash then ends the gate)")
     p.set_defaults(func=run_check)

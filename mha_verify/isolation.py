@@ -4,6 +4,31 @@ onnxruntime becomes that check's failure instead of a dead gate.
 One worker runs the tasks in order (imports are paid once). A task that does not finish in
 ``timeout`` seconds, or during which the worker dies (segfault, out of memory), is reported
 as a failed CheckResult; a new worker takes the remaining tasks.
+
+How the worker starts (measured on Linux, 2 cores, torch 2.13 CPU; time from
+``Process.start`` to the reply of a task that imports ``mha_verify.gate`` and runs a parallel
+op, in a parent that already ran parallel ops, as a nanoGPT-style ``__init__`` does with
+``torch.tril``):
+
+=====================================  =============================================
+fork (before)                          deadlocks: libgomp's thread pool does not survive
+                                       fork, the child's first parallel op never returns
+fork, child sets 1 torch thread        0.4-1.1 s; relies on libgomp skipping the pool
+                                       with one thread, and the worker runs single-threaded
+spawn                                  2.2-2.8 s for every worker (imports torch again)
+forkserver                             1.9-2.2 s for every worker
+forkserver, torch + gate preloaded     2.1 s for the first worker, 0.05 s for each later one
+=====================================  =============================================
+
+We use the last: the server process is exec'd fresh and imports torch without running an op,
+so its children never inherit a started thread pool, whatever the target did at import or
+construction in the parent; a replacement worker after a hang or crash starts in 0.05 s;
+and in one pytest process the server is started once for all tests. Python 3.14 made
+forkserver its default on Linux for the same reason. Elsewhere spawn (macOS, Windows).
+
+A fork-before-threads design (fork the worker before the target is loaded) was rejected: the
+CLI loads the target before it runs tasks, and a replacement worker would be forked from the
+poisoned parent.
 """
 
 from __future__ import annotations
@@ -23,10 +48,41 @@ from properties.results import CheckResult
 Task = tuple[str, dict[str, Any]]  # (function name in mha_verify.gate, keyword arguments)
 
 
+PRELOAD = ["torch", "mha_verify.gate"]  # imported once by the fork server, inherited by each worker
+
+#: a task that runs Hypothesis examples gets TIMEOUT_PER_EXAMPLE seconds per example, at least
+#: MIN_TIMEOUT: 60 s for the ci profile's 100 examples (its slowest check, the export stage,
+#: takes ~15 s), 600 s for thorough's 1000. A hang becomes a failure in about a minute.
+MIN_TIMEOUT = 60.0
+TIMEOUT_PER_EXAMPLE = 0.6
+
+
 @dataclass(frozen=True)
 class Limits:
-    timeout: float = 900.0  # seconds per task
+    timeout: float | None = None  # seconds per task; None: from the task's example count (see timeout_for)
     memory_gb: float | None = 16.0  # address-space limit of the worker (None: no limit)
+
+    def timeout_for(self, task: Task) -> float:
+        """The explicit timeout, else MIN_TIMEOUT or TIMEOUT_PER_EXAMPLE x the task's examples."""
+        if self.timeout is not None:
+            return float(self.timeout)
+        kwargs = task[1]
+        examples = kwargs.get("max_examples")
+        if examples is None and kwargs.get("profile"):
+            from properties.profiles import PROFILES
+
+            profile = PROFILES.get(kwargs["profile"])
+            examples = profile.max_examples if profile is not None else None
+        return max(MIN_TIMEOUT, TIMEOUT_PER_EXAMPLE * (examples or 0))
+
+
+def _context() -> Any:
+    """forkserver with torch preloaded on Linux, spawn elsewhere (see the module docstring)."""
+    if sys.platform != "linux":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _worker(conn: Connection, memory_gb: float | None) -> None:
@@ -68,9 +124,7 @@ class Isolated:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        # fork on Linux: the worker starts with torch already imported (spawn would import it
-        # again, ~3 s); elsewhere spawn, the only safe choice on macOS
-        self._ctx: Any = mp.get_context("fork" if sys.platform == "linux" else "spawn")
+        self._ctx: Any = _context()
         self._proc: Any = None
         self._conn: Connection | None = None
 
@@ -92,16 +146,17 @@ class Isolated:
             self._start()
         assert self._conn is not None
         start = time.perf_counter()
+        timeout = self.limits.timeout_for(task)
         self._conn.send(task)
         failure: str
         try:
-            if self._conn.poll(self.limits.timeout):
+            if self._conn.poll(timeout):
                 status, payload = self._conn.recv()
                 if status == "ok":
                     return list(payload)
                 failure = f"the check itself raised {payload}"
             else:
-                failure = f"timed out after {self.limits.timeout:g} s (hang?)"
+                failure = f"timed out after {timeout:g} s (hang?)"
                 self._kill()
         except (EOFError, ConnectionError, OSError):
             self._proc.join(5)
