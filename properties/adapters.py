@@ -171,16 +171,40 @@ def _linear_params(*layers: nn.Linear) -> MHAParams:
 
 
 class Adapter:
-    """Base adapter. Subclasses set ``name`` and implement ``matches``, ``params`` and ``call``."""
+    """The adapter protocol: how the harness sees one kind of attention layer.
+
+    Subclass it to verify a layer no built-in adapter recognizes, and choose it with
+    ``--adapter pkg.mod:Name`` (or ``path/to/file.py:Name``). Two methods are enough::
+
+        class MyAdapter(Adapter):
+            mha_verify_conventions = {"mask": "bool", "causal": False}   # checked keys
+
+            def params(self, m):                       # weights in nn.Linear's (out, in) layout
+                return MHAParams(m.wq.weight, m.wq.bias, m.wk.weight, m.wk.bias,
+                                 m.wv.weight, m.wv.bias, m.wo.weight, m.wo.bias)
+
+            def call(self, m, q, k, v, mask):          # mask: None, bool keep-mask or additive
+                return m(q, k, v, mask)                # -> (B, Lq, D)
+
+    ``mha_verify_conventions`` (on the adapter, or on the layer's class) is applied through
+    :meth:`Conventions.declare`: an unknown key or a bad value is an error that names it.
+    ``matches`` decides automatic selection (a forced adapter is used as it is); override
+    ``call_with_weights`` if the layer can return its attention weights (B, H, Lq, Lk).
+    """
 
     name = "base"
     description = ""
+    mha_verify_conventions: Mapping[str, object] = {}
 
     def matches(self, module: nn.Module) -> bool:
-        raise NotImplementedError
+        return False
 
     def conventions(self, module: nn.Module) -> Conventions:
-        return Conventions()
+        found = Conventions(dropout=self.has_dropout(module))
+        if self.mha_verify_conventions:
+            found = found.declare(self.mha_verify_conventions,
+                                  source=f"{type(self).__name__}.mha_verify_conventions")
+        return declared_conventions(module, found)
 
     def params(self, module: nn.Module) -> MHAParams:
         raise NotImplementedError
@@ -193,19 +217,20 @@ class Adapter:
                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotApplicable(f"{self.name} targets do not return attention weights")
 
+    def has_dropout(self, module: nn.Module) -> bool:
+        from properties.adapters_call import has_dropout
+
+        return has_dropout(module)
+
     def set_dropout(self, module: nn.Module, p: float) -> bool:
-        """Set every dropout probability of ``module`` to ``p``; False if it has none."""
-        found = False
-        for sub in module.modules():
-            if isinstance(sub, nn.Dropout):
-                sub.p = p
-                found = True
-        return found
+        """Set every dropout probability of ``module`` to ``p``; False if it has none.
 
+        nn.Dropout modules and float attributes (``dropout``, ``attn_dropout``, ``dropout_p``,
+        ``attention_dropout``, ``attn_pdrop``) that layers give to F.dropout or SDPA.
+        """
+        from properties.adapters_call import set_all_dropout
 
-def _forward_params(module: nn.Module) -> list[inspect.Parameter]:
-    return [p for p in inspect.signature(module.forward).parameters.values()
-            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return set_all_dropout(module, p)
 
 
 class QKVAdapter(Adapter):
@@ -224,10 +249,14 @@ class QKVAdapter(Adapter):
         return all(isinstance(getattr(module, n, None), nn.Linear) for n in self.names)
 
     def _self_attention(self, module: nn.Module) -> bool:
-        return len(_forward_params(module)) <= 2
+        from properties.adapters_call import read_signature  # by parameter names, not positional counts
+
+        return read_signature(module).self_attention
 
     def _has_mask(self, module: nn.Module) -> bool:
-        return len(_forward_params(module)) in (2, 4)  # forward(x, mask) or forward(q, k, v, mask)
+        from properties.adapters_call import read_signature
+
+        return read_signature(module).mask is not None
 
     def conventions(self, module: nn.Module) -> Conventions:
         sig = inspect.signature(module.forward).parameters
@@ -235,7 +264,7 @@ class QKVAdapter(Adapter):
             mask=self.native_mask if self._has_mask(module) else frozenset(),
             cross_attention=not self._self_attention(module),
             weights="need_weights" in sig or self.returns_weights,
-            dropout=any(isinstance(m, nn.Dropout) for m in module.modules()),
+            dropout=self.has_dropout(module),
         )
         return declared_conventions(module, found)
 
@@ -255,27 +284,33 @@ class QKVAdapter(Adapter):
         return mask
 
     def _args(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-              mask: torch.Tensor | None) -> list[Any]:
+              mask: torch.Tensor | None) -> tuple[list[Any], dict[str, Any]]:
         if mask is not None and not self.conventions(module).mask:
             raise NotApplicable("the target's forward takes no mask")
+        from properties.adapters_call import is_same_input, read_signature
+
         m = self._mask_for(module, mask, q.dtype)
-        if self._self_attention(module):
-            if not (q is k is v or (torch.equal(q, k) and torch.equal(k, v))):
-                raise NotApplicable("the target is self-attention only: forward(x)")
-            return [q] if m is None else [q, m]
-        return [q, k, v] if m is None else [q, k, v, m]
+        sig = read_signature(module)
+        args: list[Any] = [q]
+        if sig.self_attention:
+            if not is_same_input(q, k, v):
+                raise NotApplicable(f"the target is self-attention only: forward({sig.input})")
+        else:
+            args += [k, v]
+        return args, ({} if m is None or sig.mask is None else {sig.mask: m})
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
-        out = module(*self._args(module, q, k, v, mask))
+        args, kwargs = self._args(module, q, k, v, mask)
+        out = module(*args, **kwargs)
         return out[0] if isinstance(out, tuple) else out
 
     def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.conventions(module).weights:
             raise NotApplicable(f"{type(module).__name__}.forward has no need_weights argument")
-        args = self._args(module, q, k, v, mask)
-        out = module(*args) if self.returns_weights else module(*args, need_weights=True)
+        args, kwargs = self._args(module, q, k, v, mask)
+        out = module(*args, **kwargs) if self.returns_weights else module(*args, **kwargs, need_weights=True)
         if not (isinstance(out, tuple) and len(out) == 2):
             raise NotApplicable("the target's forward does not return (output, weights)")
         return out[0], out[1]
@@ -318,7 +353,8 @@ class TorchMHAAdapter(Adapter):
     def conventions(self, module: nn.Module) -> Conventions:
         return Conventions(
             weights=True, fully_masked="nan",
-            notes=("attn_mask is inverted (True = not allowed) and flattened to (B*H, Lq, Lk) by the adapter",),
+            notes=("adapter torch_mha", "attn_mask is inverted (True = not allowed) and flattened to (B*H, Lq, Lk); "
+                   "a key-padding mask (B, 1, 1, Lk) goes through key_padding_mask (B, Lk), inverted",),
         )
 
     def params(self, module: nn.Module) -> MHAParams:
@@ -336,13 +372,17 @@ class TorchMHAAdapter(Adapter):
              mask: torch.Tensor | None, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         assert isinstance(module, nn.MultiheadAttention)
         B, Lq, Lk, H = q.shape[0], q.shape[1], k.shape[1], module.num_heads
-        attn_mask = None
-        if mask is not None:
+        attn_mask = padding = None
+        if mask is not None and mask.dim() == 4 and mask.shape[0] == B and mask.shape[1:3] == (1, 1):
+            padding = mask[:, 0, 0, :].expand(B, Lk)  # (B, 1, 1, Lk) -> key_padding_mask (B, Lk)
+            padding = ~padding if padding.dtype == torch.bool else padding
+        elif mask is not None:
             full = mask.expand(B, H, Lq, Lk).reshape(B * H, Lq, Lk)  # torch's 3-D layout: (B * H, Lq, Lk)
             attn_mask = ~full if full.dtype == torch.bool else full
         if not module.batch_first:  # (B, L, D) -> (L, B, D)
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-        out, weights = module(q, k, v, attn_mask=attn_mask, need_weights=need_weights, average_attn_weights=False)
+        out, weights = module(q, k, v, attn_mask=attn_mask, key_padding_mask=padding, need_weights=need_weights,
+                              average_attn_weights=False)
         if not module.batch_first:
             out = out.transpose(0, 1)
         return out, weights
@@ -368,17 +408,49 @@ ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
 )}
 
 
+def _all_adapters() -> dict[str, Adapter]:
+    """The built-in adapters, in matching order: the exact ones first, then those that recognize
+    library layers by structure (``properties.adapters_structure``)."""
+    from properties.adapters_structure import STRUCTURAL
+
+    for adapter in STRUCTURAL:
+        ADAPTERS.setdefault(adapter.name, adapter)
+    return ADAPTERS
+
+
+def load_adapter(spec: str) -> Adapter:
+    """A user's adapter from ``pkg.mod:Name`` or ``path/to/file.py:Name``: an Adapter subclass
+    (instantiated without arguments) or instance. ValueError naming what is wrong."""
+    from properties.targets import TargetError, _load_attr
+
+    try:
+        obj = _load_attr(spec)
+    except TargetError as exc:
+        raise ValueError(f"--adapter {spec}: {exc}") from None
+    if inspect.isclass(obj) and issubclass(obj, Adapter):
+        obj = obj()
+    if not isinstance(obj, Adapter):
+        raise ValueError(f"--adapter {spec} is a {type(obj).__name__}, not a properties.adapters.Adapter subclass")
+    if obj.name == "base":
+        obj.name = spec.rpartition(":")[2]
+    return obj
+
+
 def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
-    """The adapter named ``name``, or the first whose structure ``module`` matches.
+    """The adapter named ``name`` (a built-in name, or ``pkg.mod:Name`` for a user's), or the
+    first whose structure ``module`` matches.
 
     Raises ValueError naming the known adapters when none applies.
     """
-    known = ", ".join(f"{a.name} ({a.description})" for a in ADAPTERS.values())
+    adapters = _all_adapters()
+    known = ", ".join(f"{a.name} ({a.description})" for a in adapters.values())
     if name is not None and name != "auto":
-        if name not in ADAPTERS:
-            raise ValueError(f"unknown adapter {name!r}; known: {', '.join(ADAPTERS)}")
-        return ADAPTERS[name]
-    for adapter in ADAPTERS.values():
+        if ":" in name:
+            return load_adapter(name)
+        if name not in adapters:
+            raise ValueError(f"unknown adapter {name!r}; known: {', '.join(adapters)} or pkg.mod:YourAdapter")
+        return adapters[name]
+    for adapter in adapters.values():
         if adapter.matches(module):
             return adapter
     raise ValueError(

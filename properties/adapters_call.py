@@ -1,0 +1,232 @@
+"""How a foreign layer wants to be called, read from the *names* in its ``forward`` signature.
+
+Adapters used to count positional arguments: ``forward(self, x, mask=None, need_weights=False)``
+has three, and was taken for ``forward(q, k, v)``. Here every role is found by name:
+
+* the input: ``x``, ``hidden_states``, ``input``, ``inputs``, ``query``, ``q`` (the first
+  parameter if none of these: a layer's first argument is its input);
+* keys and values: ``key``/``value`` or ``k``/``v`` (cross-attention, q/k/v layers), or one
+  ``context``/``y``/``encoder_hidden_states``/``memory``/``kv`` (keys = values, as
+  x-transformers, torchtune and HF cross-attention take them); neither: self-attention only;
+* the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), or a key-padding mask
+  ``key_padding_mask``.
+
+Mask *polarity* is never read from outputs: it comes from a :class:`MaskFormat` that a known
+adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, float additive).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from mha.masks import additive_mask, causal_keep, keep_mask
+
+INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
+KV_PAIRS = (("key", "value"), ("k", "v"))
+CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "memory", "kv")
+MASK_NAMES = ("attn_mask", "attention_mask", "mask")
+PADDING_NAMES = ("key_padding_mask",)
+DROPOUT_ATTRS = ("dropout", "attn_dropout", "dropout_p", "attention_dropout", "attn_pdrop")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The roles of a forward's parameters, by name (None: the layer has no such parameter)."""
+
+    input: str
+    key: str | None = None
+    value: str | None = None
+    context: str | None = None
+    mask: str | None = None
+    padding: str | None = None
+    need_weights: bool = False
+    rotary: str | None = None  # HF's position_embeddings: (cos, sin), required by Llama-style layers
+
+    @property
+    def self_attention(self) -> bool:
+        return self.key is None and self.context is None
+
+
+def read_signature(module: nn.Module) -> Signature:
+    """The roles in ``module.forward``'s signature, decided from parameter names only."""
+    params = inspect.signature(module.forward).parameters
+    names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    first = next((n for n in INPUT_NAMES if n in names), names[0] if names else "x")
+    key = value = context = None
+    for k, v in KV_PAIRS:
+        if k in names and v in names:
+            key, value = k, v
+            break
+    else:
+        context = next((n for n in CONTEXT_NAMES if n in names), None)
+    mask = next((n for n in MASK_NAMES if n in names), None)
+    padding = next((n for n in PADDING_NAMES if n in names), None)
+    rotary = "position_embeddings" if "position_embeddings" in names else None
+    return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary)
+
+
+@dataclass(frozen=True)
+class MaskFormat:
+    """How a layer wants its mask: what it means and what shape it has.
+
+    kind: "keep" (bool True = may attend, SDPA), "drop" (bool True = masked out, torch MHA),
+        "additive" (float, -inf removes), "additive_min" (float, HF's finfo(dtype).min for a
+        removed key: fully masked rows then get uniform weights).
+    takes: the mask types converted to ``kind`` without loss ("bool", "float").
+    layout: "BHLL" (any shape broadcasting to (B, H, Lq, Lk), passed as is), "BLL" (no head
+        axis: (B, Lq, Lk), torchtune), "BL" (key padding (B, Lk), x-transformers' ``mask``).
+    """
+
+    kind: str = "keep"
+    takes: frozenset[str] = frozenset({"bool", "float"})
+    layout: str = "BHLL"
+
+    @property
+    def forms(self) -> frozenset[str]:
+        """The mask forms (Conventions.mask_forms) this layout can carry."""
+        if self.layout == "BLL":
+            return frozenset({"B1LL", "11LL", "LL", "B11L"})
+        if self.layout == "BL":
+            return frozenset({"B11L"})
+        return frozenset({"BHLL", "B1LL", "11LL", "LL", "B11L"})
+
+    def describe(self) -> str:
+        what = {"keep": "bool True = may attend", "drop": "bool True = masked out",
+                "additive": "additive float, -inf removes", "additive_min": "additive float, finfo.min removes"}
+        shape = {"BHLL": "", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)"}
+        return f"mask passed as {what[self.kind]}{shape[self.layout]}"
+
+    def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,
+                causal: bool = False) -> torch.Tensor | None:
+        """Our mask (None, bool keep-mask or additive float, broadcasting to (B, H, Lq, Lk)) ->
+        the layer's, with top-left causality ANDed in when ``causal`` (layers that take a mask
+        apply it instead of their own causality, as torchtune and HF eager do)."""
+        if causal:
+            causal_mask = causal_keep(Lq, Lk, mask.device if mask is not None else None)  # (Lq, Lk)
+            if mask is None:
+                mask = causal_mask
+            elif mask.dtype == torch.bool:
+                mask = mask & causal_mask
+            else:
+                bias = additive_mask(causal_mask, mask.dtype)
+                assert bias is not None
+                mask = mask + bias
+        if mask is None:
+            return None
+        if self.layout == "BLL":  # (B, 1, Lq, Lk) -> (B, Lq, Lk): the layer has no head axis
+            mask = _expand(mask, B, Lq, Lk)[:, 0]
+        elif self.layout == "BL":  # key padding: (B, 1, 1, Lk) -> (B, Lk)
+            mask = _expand(mask, B, 1, Lk)[:, 0, 0]
+        if self.kind == "keep":
+            return mask if mask.dtype == torch.bool or "float" in self.takes else keep_mask(mask)
+        if self.kind == "drop":
+            keep = keep_mask(mask)
+            assert keep is not None
+            return ~keep if mask.dtype == torch.bool else mask
+        additive = additive_mask(mask, dtype)
+        assert additive is not None
+        if self.kind == "additive_min":  # HF: a removed key is finfo.min, not -inf
+            additive = additive.clamp(min=torch.finfo(dtype).min)
+        return additive
+
+
+def _expand(mask: torch.Tensor, B: int, Lq: int, Lk: int) -> torch.Tensor:
+    """A mask of rank <= 4 without a head axis of size > 1 -> (B, 1, Lq, Lk)."""
+    while mask.dim() < 4:
+        mask = mask.unsqueeze(0)
+    if mask.shape[1] != 1:
+        raise ValueError(f"a mask with {mask.shape[1]} heads cannot be given to a layer whose mask has no head axis")
+    return mask.expand(B, 1, Lq, Lk)
+
+
+def _lower_triangular(t: torch.Tensor) -> bool:
+    if t.dim() < 2 or t.shape[-1] != t.shape[-2] or t.shape[-1] < 2 or t.dtype.is_complex:
+        return False
+    m = t.reshape(-1, t.shape[-2], t.shape[-1])[0] != 0
+    return bool(torch.equal(m, torch.tril(torch.ones_like(m))))
+
+
+_SDPA_CAUSAL = re.compile(r"is_causal\s*=\s*True")
+
+
+def detect_causal(module: nn.Module) -> tuple[bool, str]:
+    """(causal, how we know), from the layer's structure, never its outputs.
+
+    In order: a bool ``is_causal`` attribute (HF, torchtune), a bool ``causal`` attribute
+    (x-transformers), a lower-triangular buffer (nanoGPT's ``bias`` on its slow path), a
+    forward whose source calls SDPA with ``is_causal=True`` (nanoGPT's flash path).
+    """
+    for attr in ("is_causal", "causal"):
+        value = getattr(module, attr, None)
+        if isinstance(value, bool):
+            return value, f"causal from its {attr}={value} attribute"
+    for name, buf in module.named_buffers(recurse=False):
+        if _lower_triangular(buf):
+            return True, f"causal from its lower-triangular buffer {name!r}"
+    try:
+        source = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        source = ""
+    if _SDPA_CAUSAL.search(source):
+        return True, "causal from is_causal=True in its forward"
+    return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
+
+
+def dropout_attrs(module: nn.Module) -> list[tuple[nn.Module, str]]:
+    """Every (submodule, attribute) holding a dropout probability as a float."""
+    found = []
+    for sub in module.modules():
+        for attr in DROPOUT_ATTRS:
+            value = sub.__dict__.get(attr)
+            if isinstance(value, float) and not isinstance(value, bool):
+                found.append((sub, attr))
+    return found
+
+
+def set_all_dropout(module: nn.Module, p: float) -> bool:
+    """Set every dropout probability ``module`` holds to ``p``: nn.Dropout modules and float
+    attributes (``dropout``, ``attn_dropout``, ``dropout_p``, ``attention_dropout``,
+    ``attn_pdrop``, which layers pass to ``F.dropout`` or SDPA's ``dropout_p``). False if none."""
+    found = False
+    for sub in module.modules():
+        if isinstance(sub, nn.modules.dropout._DropoutNd):
+            sub.p = p
+            found = True
+    for sub, attr in dropout_attrs(module):
+        setattr(sub, attr, float(p))
+        found = True
+    return found
+
+
+def has_dropout(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules()) or bool(dropout_attrs(module))
+
+
+def identity_rotary(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``position_embeddings`` (cos, sin) of a rotation by 0: RoPE leaves q and k unchanged.
+
+    Rotary position encoding is outside the attention formula we verify; with cos = 1 and
+    sin = 0, ``apply_rotary_pos_emb`` is the identity and the layer is plain attention.
+    """
+    B, L = x.shape[0], x.shape[1]
+    return (torch.ones(B, L, head_dim, dtype=x.dtype, device=x.device),
+            torch.zeros(B, L, head_dim, dtype=x.dtype, device=x.device))
+
+
+def first_output(out: Any) -> torch.Tensor:
+    """The output tensor of a forward that returns it alone or first in a tuple."""
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def is_same_input(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    return q is k is v or (q.shape == k.shape == v.shape and bool(torch.equal(q, k)) and bool(torch.equal(k, v)))
+
+
+__all__ = ["MaskFormat", "Signature", "detect_causal", "dropout_attrs", "first_output", "has_dropout",
+           "identity_rotary", "is_same_input", "read_signature", "set_all_dropout"]

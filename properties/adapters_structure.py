@@ -1,0 +1,241 @@
+"""Zero-config adapters: layers recognized by the names of their projections, as the libraries
+write them, and called by the names in their ``forward`` signature (``adapters_call``).
+
+=====================  ========================================================================
+adapter                recognizes
+=====================  ========================================================================
+``fused_qkv``          ``qkv`` + ``proj`` (timm), ``c_attn`` + ``c_proj`` (nanoGPT; GPT-2 with
+                       HF's ``Conv1D``, whose weight is (in, out) and is transposed here)
+``separate_qkv``       ``q_proj/k_proj/v_proj`` + ``o_proj``/``out_proj``/``output_proj`` (HF
+                       Llama, Mistral, BART, Whisper; fairseq; torchtune), ``to_q/to_k/to_v`` +
+                       ``to_out`` (x-transformers); grouped-query and multi-query attention
+                       (fewer key/value rows: kv heads are read from the weights' shapes)
+``qkv_no_output``      ``query/key/value`` with no output projection (HF BERT self-attention)
+=====================  ========================================================================
+
+What a known library means by its mask is written here, once, per library (never inferred
+from outputs, which would turn a polarity bug into a "convention"):
+
+* transformers: the layer gets the mask the model would build: a bool keep-mask for
+  ``sdpa``, an additive mask with ``finfo(dtype).min`` for ``eager`` (so a fully masked row
+  gets uniform weights, declared "uniform"); a causal layer always gets its causal mask
+  explicitly, as the model gives it (HF's eager path does not apply causality by itself).
+  Llama-style layers get ``position_embeddings`` of a rotation by 0 (RoPE is outside the
+  formula verified).
+* torchtune: ``mask`` is a bool keep-mask (B, Lq, Lk) that *replaces* causality, so a causal
+  layer gets keep AND causal.
+* x-transformers: ``attn_mask``, a bool keep-mask; keys and values through ``context``.
+* timm and any layer we do not know: SDPA's convention (bool True = keep, float additive).
+
+A layer's ``mha_verify_conventions`` class attribute overrides any of these (checked keys).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mha.reference import MHAParams
+from properties.adapters import Adapter, Conventions, NotApplicable, declared_conventions
+from properties.adapters_call import (
+    MaskFormat,
+    detect_causal,
+    first_output,
+    has_dropout,
+    identity_rotary,
+    is_same_input,
+    read_signature,
+    set_all_dropout,
+)
+
+
+def _linear_like(layer: object) -> bool:
+    """nn.Linear, or HF's Conv1D (a ``weight`` (in, out) and an ``nf`` out-features attribute)."""
+    return isinstance(layer, nn.Linear) or (
+        isinstance(layer, nn.Module) and type(layer).__name__ == "Conv1D" and hasattr(layer, "nf")
+        and isinstance(getattr(layer, "weight", None), torch.Tensor))
+
+
+def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(weight (out, in), bias (out,) or None) of an nn.Linear or an HF Conv1D (transposed)."""
+    weight = layer.weight
+    assert isinstance(weight, torch.Tensor)
+    bias = getattr(layer, "bias", None)
+    if not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
+        weight = weight.t()
+    return weight, bias if isinstance(bias, torch.Tensor) else None
+
+
+def library_of(module: nn.Module) -> str:
+    return type(module).__module__.split(".")[0]
+
+
+def _hf_implementation(module: nn.Module) -> str:
+    config = getattr(module, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "sdpa")
+
+
+def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
+    """(mask format, fully masked convention, a note) for the library ``module`` comes from."""
+    lib = library_of(module)
+    if lib == "transformers":
+        impl = _hf_implementation(module)
+        if impl == "eager":
+            return (MaskFormat("additive_min"), "uniform",
+                    "transformers eager: the mask as HF builds it, finfo.min for removed keys (uniform weights on "
+                    "fully masked rows)")
+        return MaskFormat("keep"), "zeros", f"transformers {impl}: the mask as HF builds it for sdpa (bool keep)"
+    if lib == "torchtune":
+        return MaskFormat("keep", layout="BLL"), "zeros", "torchtune: bool keep-mask (B, Lq, Lk)"
+    if lib == "x_transformers":
+        return MaskFormat("keep"), "zeros", "x-transformers: attn_mask as a bool keep-mask"
+    if lib == "timm":
+        return MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"
+    return MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)"
+
+
+class StructuralAdapter(Adapter):
+    """Calls a layer by the names of its forward's parameters and its library's mask format.
+
+    Subclasses say which projections they recognize (``matches``, ``params``).
+    """
+
+    def conventions(self, module: nn.Module) -> Conventions:
+        sig = read_signature(module)
+        fmt, fully_masked, note = library_format(module)
+        causal, how = detect_causal(module)
+        has_mask = sig.mask is not None
+        found = Conventions(
+            mask=fmt.takes if has_mask else frozenset(),
+            mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
+            cross_attention=not sig.self_attention and not causal,
+            weights=False,
+            fully_masked=fully_masked,
+            causal=causal,
+            dropout=has_dropout(module),
+            notes=(f"adapter {self.name}", how,
+                   (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
+        )
+        return declared_conventions(module, found)
+
+    def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        sig = read_signature(module)
+        conv = self.conventions(module)
+        fmt = library_format(module)[0]
+        if mask is not None and not conv.mask:
+            raise NotApplicable("the target's forward takes no mask")
+        kwargs: dict[str, object] = {sig.input: q}
+        if conv.cross_attention and not is_same_input(q, k, v):
+            if sig.key is not None and sig.value is not None:
+                kwargs[sig.key], kwargs[sig.value] = k, v
+            elif sig.context is not None:
+                if not (k is v or torch.equal(k, v)):
+                    raise NotApplicable(f"the target takes keys = values ({sig.context}): k and v differ")
+                kwargs[sig.context] = k
+        elif not is_same_input(q, k, v):
+            raise NotApplicable(f"the target is self-attention only: forward({sig.input})")
+        elif sig.key is not None and sig.value is not None:
+            kwargs[sig.key], kwargs[sig.value] = k, v
+        if sig.mask is not None:
+            B, Lq, Lk = q.shape[0], q.shape[1], k.shape[1]
+            # HF and torchtune: a causal layer given a mask applies only that mask
+            explicit_causal = conv.causal and library_of(module) in ("transformers", "torchtune")
+            converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal)
+            if converted is not None:
+                kwargs[sig.mask] = converted
+        if sig.rotary is not None:
+            head_dim = int(getattr(module, "head_dim", 0) or self.params(module).w_q.shape[0] // _n_head(module))
+            kwargs[sig.rotary] = identity_rotary(q, head_dim)
+        return first_output(module(**kwargs))
+
+    def set_dropout(self, module: nn.Module, p: float) -> bool:
+        return set_all_dropout(module, p)
+
+
+def _n_head(module: nn.Module) -> int:
+    for attr in ("num_heads", "n_head", "num_attention_heads", "heads", "n_heads"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    raise NotApplicable(f"{type(module).__name__} names its head count in no attribute we know")
+
+
+class FusedQKVAdapter(StructuralAdapter):
+    """One fused input projection (3D, D), chunked into q, k, v in that order, and an output one."""
+
+    name = "fused_qkv"
+    description = "qkv+proj (timm), c_attn+c_proj (nanoGPT, GPT-2 incl. HF Conv1D)"
+    pairs = (("qkv", "proj"), ("c_attn", "c_proj"))
+
+    def _names(self, module: nn.Module) -> tuple[str, str] | None:
+        for fused, out in self.pairs:
+            if _linear_like(getattr(module, fused, None)) and _linear_like(getattr(module, out, None)):
+                return fused, out
+        return None
+
+    def matches(self, module: nn.Module) -> bool:
+        names = self._names(module)
+        if names is None:
+            return False
+        w, _ = weight_bias(getattr(module, names[0]))
+        return w.shape[0] % 3 == 0
+
+    def params(self, module: nn.Module) -> MHAParams:
+        names = self._names(module)
+        assert names is not None
+        w, b = weight_bias(getattr(module, names[0]))  # (3D, D): rows q, then k, then v
+        w_o, b_o = weight_bias(getattr(module, names[1]))
+        w_q, w_k, w_v = w.chunk(3)
+        b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3)
+        return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
+
+
+class SeparateQKVAdapter(StructuralAdapter):
+    """Separate q, k, v projections and an output one; k and v may have fewer rows (GQA/MQA)."""
+
+    name = "separate_qkv"
+    description = ("q_proj/k_proj/v_proj + o_proj|out_proj|output_proj (HF Llama/Mistral/BART/Whisper, fairseq, "
+                   "torchtune), to_q/to_k/to_v/to_out (x-transformers), incl. grouped-query")
+    sets = (("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "output_proj")),
+            ("to_q", "to_k", "to_v", ("to_out",)))
+
+    def _names(self, module: nn.Module) -> tuple[str, str, str, str] | None:
+        for q, k, v, outs in self.sets:
+            if all(_linear_like(getattr(module, n, None)) for n in (q, k, v)):
+                out = next((o for o in outs if _linear_like(getattr(module, o, None))), None)
+                if out is not None:
+                    return q, k, v, out
+        return None
+
+    def matches(self, module: nn.Module) -> bool:
+        return self._names(module) is not None
+
+    def params(self, module: nn.Module) -> MHAParams:
+        names = self._names(module)
+        assert names is not None
+        args: list[torch.Tensor | None] = []
+        for n in names:
+            args += weight_bias(getattr(module, n))
+        return MHAParams._make(args)
+
+
+class QKVNoOutputAdapter(StructuralAdapter):
+    """``query``, ``key``, ``value`` projections and no output projection (HF BERT self-attention:
+    its output projection lives in ``BertSelfOutput``, with the residual and LayerNorm)."""
+
+    name = "qkv_no_output"
+    description = "query/key/value without an output projection (HF BertSelfAttention)"
+
+    def matches(self, module: nn.Module) -> bool:
+        return (all(_linear_like(getattr(module, n, None)) for n in ("query", "key", "value"))
+                and not any(isinstance(getattr(module, n, None), nn.Module) for n in ("fc_out", "out", "proj")))
+
+    def params(self, module: nn.Module) -> MHAParams:
+        args: list[torch.Tensor | None] = []
+        for n in ("query", "key", "value"):
+            args += weight_bias(getattr(module, n))
+        return MHAParams._make([*args, None, None])
+
+
+STRUCTURAL: tuple[Adapter, ...] = (FusedQKVAdapter(), SeparateQKVAdapter(), QKVNoOutputAdapter())
