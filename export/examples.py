@@ -29,7 +29,7 @@ def export_examples(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {name}={value!r}")
     scales = magnitudes(values=FLOAT16_MAGNITUDES) if dtype == torch.float16 else magnitudes()
-    masks = mask_specs(kinds=kinds, conventions=("bool", "float"))  # float_bias has no bool form
+    masks = mask_specs(kinds=kinds, forms=("B1LL", "11LL", "LL", "BHLL"), conventions=("bool", "float"))
 
     @st.composite
     def draw_example(draw: st.DrawFn) -> AttnExample:
