@@ -418,9 +418,18 @@ def _all_adapters() -> dict[str, Adapter]:
     return ADAPTERS
 
 
+_LOADED: dict[str, Adapter] = {}
+
+
 def load_adapter(spec: str) -> Adapter:
     """A user's adapter from ``pkg.mod:Name`` or ``path/to/file.py:Name``: an Adapter subclass
-    (instantiated without arguments) or instance. ValueError naming what is wrong."""
+    (instantiated without arguments) or instance, loaded once. ValueError naming what is wrong."""
+    if spec not in _LOADED:
+        _LOADED[spec] = _load_adapter(spec)
+    return _LOADED[spec]
+
+
+def _load_adapter(spec: str) -> Adapter:
     from properties.targets import TargetError, _load_attr
 
     try:

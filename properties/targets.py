@@ -1,7 +1,8 @@
 """Targets: load the attention module to verify from a SPEC and bind it to an adapter.
 
 SPEC is ``package.module:Attr`` or ``path/to/file.py:Attr``. Attr is an nn.Module class,
-built as ``Attr(d_model, n_head)``, or a factory ``(d_model, n_head) -> nn.Module``.
+built as ``Attr(d_model, n_head)`` (or ``Attr(config)`` when its first argument is named
+``config``: see :func:`config_for`), or a factory ``(d_model, n_head) -> nn.Module``.
 The default SPEC is the reference, ``mha:MultiHeadAttention``.
 """
 
@@ -10,10 +11,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -44,11 +47,20 @@ def _load_attr(spec: str) -> object:
             raise TargetError(f"target file {where!r} cannot be imported as Python")
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
+        # the file's directory on sys.path while it is imported, so that it imports its siblings
+        # (``from layers import Block`` next to model.py), as ``python path/file.py`` would allow
+        folder = str(path.resolve().parent)
+        added = folder not in sys.path
+        if added:
+            sys.path.insert(0, folder)
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:
             del sys.modules[name]
             raise TargetError(f"importing {where!r} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if added and folder in sys.path:
+                sys.path.remove(folder)
     else:
         try:
             module = importlib.import_module(where)
@@ -60,6 +72,30 @@ def _load_attr(spec: str) -> object:
             raise TargetError(f"{where!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def randomize_parameters(module: nn.Module, seed: int) -> None:
+    """Redraw every parameter of ``module``, biases included, from ``seed``, at the scale of its init.
+
+    A layer is checked with the weights it was built with otherwise, and torch MHA, GPT-2 and
+    others initialize biases to 0: a bug that swaps the q and k biases, or drops one, is then
+    invisible (it failed by 0.49 against 5e-6 allowed once biases were drawn). Each tensor is
+    redrawn as N(0, s^2) with s its own standard deviation after init (so the layer keeps its
+    scale: softmax neither saturates nor flattens more than it would in use); a tensor whose
+    init is constant (zero biases, LayerNorm's ones) gets the mean scale of the layer's weight
+    matrices. Buffers (causal masks, rotary tables) are left alone.
+    """
+    params = [p for p in module.parameters() if p.is_floating_point()]
+    matrix_scales = [float(p.detach().double().std()) for p in params if p.dim() >= 2 and p.numel() > 1]
+    matrix_scales = [x for x in matrix_scales if x > 0 and math.isfinite(x)]
+    fallback = sum(matrix_scales) / len(matrix_scales) if matrix_scales else 0.02
+    generator = torch.Generator().manual_seed(seed * 7919 + 17)
+    with torch.no_grad():
+        for p in params:
+            scale = float(p.detach().double().std()) if p.numel() > 1 else 0.0
+            if not (scale > 0 and math.isfinite(scale)):
+                scale = fallback
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64).mul_(scale).to(p.dtype))
 
 
 @dataclass
@@ -107,9 +143,11 @@ class Target:
     spec: str
     factory: Callable[[int, int], nn.Module]
     adapter_name: str | None = None
+    randomize: bool = True  # redraw every parameter from the seed (see randomize_parameters)
 
     def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Bound:
-        """Construct the module with weights drawn from ``seed``, in eval mode, in ``dtype``.
+        """Construct the module, redraw all its parameters from ``seed`` at the scale of its init
+        (biases included), in eval mode, in ``dtype``.
 
         Raises TargetError if construction fails or gives something other than an nn.Module.
         """
@@ -126,8 +164,41 @@ class Target:
             adapter = find_adapter(module, self.adapter_name)
         except ValueError as exc:
             raise TargetError(str(exc)) from None
+        if self.randomize:
+            randomize_parameters(module, seed)
         return Bound(module.to(dtype).eval(), adapter, d_model, n_head,
                      lambda: self.build(d_model, n_head, seed=seed, dtype=dtype))
+
+
+CONFIG_NAMES = ("config", "cfg", "args")
+
+
+def config_for(d_model: int, n_head: int) -> SimpleNamespace:
+    """A config object for layers built from one (nanoGPT's ``CausalSelfAttention(config)``, HF's
+    ``LlamaAttention(config, layer_idx)``), with the field names those libraries use.
+
+    Key/value heads: half the query heads where H is even (grouped-query attention gets
+    exercised), else H. Dropout 0; biases on; block size 1024 (nanoGPT's default).
+    """
+    kv = n_head // 2 if n_head % 2 == 0 else n_head
+    return SimpleNamespace(
+        n_embd=d_model, hidden_size=d_model, d_model=d_model, dim=d_model, embed_dim=d_model,
+        n_head=n_head, num_attention_heads=n_head, num_heads=n_head, n_heads=n_head,
+        num_key_value_heads=kv, n_kv_heads=kv, num_kv_heads=kv, head_dim=d_model // n_head,
+        bias=True, attention_bias=True, qkv_bias=True, dropout=0.0, attention_dropout=0.0, attn_pdrop=0.0,
+        block_size=1024, max_position_embeddings=1024, is_decoder=False, _attn_implementation="sdpa",
+    )
+
+
+def _takes_config(cls: type) -> bool:
+    """True if ``cls.__init__``'s first parameter is named config/cfg/args and others are optional."""
+    try:
+        params = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not params or params[0].name not in CONFIG_NAMES:
+        return False
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[1:])
 
 
 def load_target(spec: str | None = None, *, adapter: str | None = None) -> Target:
@@ -138,6 +209,9 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
         if not issubclass(obj, nn.Module):
             raise TargetError(f"{spec} is a class but not a torch.nn.Module subclass")
         factory: Callable[[int, int], nn.Module] = obj
+        if _takes_config(obj):
+            cls = obj
+            factory = lambda d_model, n_head: cls(config_for(d_model, n_head))  # noqa: E731
     elif callable(obj):
         factory = obj
     else:
