@@ -265,6 +265,7 @@ class QKVAdapter(Adapter):
             cross_attention=not self._self_attention(module),
             weights="need_weights" in sig or self.returns_weights,
             dropout=self.has_dropout(module),
+            notes=(f"adapter {self.name}",),
         )
         return declared_conventions(module, found)
 
@@ -442,6 +443,8 @@ def _load_adapter(spec: str) -> Adapter:
         raise ValueError(f"--adapter {spec} is a {type(obj).__name__}, not a properties.adapters.Adapter subclass")
     if obj.name == "base":
         obj.name = spec.rpartition(":")[2]
+    if obj.mha_verify_conventions:  # checked now: an unknown key is a usage error, not 17 failures
+        Conventions().declare(obj.mha_verify_conventions, source=f"{type(obj).__name__}.mha_verify_conventions")
     return obj
 
 

@@ -139,8 +139,9 @@ class StructuralAdapter(Adapter):
             kwargs[sig.key], kwargs[sig.value] = k, v
         if sig.mask is not None:
             B, Lq, Lk = q.shape[0], q.shape[1], k.shape[1]
-            # HF and torchtune: a causal layer given a mask applies only that mask
-            explicit_causal = conv.causal and library_of(module) in ("transformers", "torchtune")
+            # a causal layer always gets its causal mask explicitly (ANDed with ours): HF eager and
+            # torchtune apply only the mask they are given, and the AND is harmless for the others
+            explicit_causal = conv.causal
             converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal)
             if converted is not None:
                 kwargs[sig.mask] = converted

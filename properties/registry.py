@@ -78,6 +78,13 @@ def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype 
 
 def all_properties() -> dict[str, Property]:
     """Every property, in registration order (imports the invariant modules)."""
-    from properties import invariants_behaviour, invariants_mask, invariants_oracle, invariants_symmetry  # noqa: F401
+    from properties import (  # noqa: F401
+        invariants_behaviour,
+        invariants_causal,
+        invariants_mask,
+        invariants_modes,
+        invariants_oracle,
+        invariants_symmetry,
+    )
 
     return PROPERTIES

@@ -217,5 +217,8 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
     else:
         raise TargetError(f"{spec} is a {type(obj).__name__}, not an nn.Module class or a factory")
     target = Target(spec, factory, adapter)
-    target.build(8, 2)  # fail now, as a usage error, rather than inside every property
+    try:  # fail now, as a usage error, rather than inside every property
+        target.build(8, 2).conventions  # noqa: B018 -- a declaration with an unknown key raises here
+    except ValueError as exc:
+        raise TargetError(str(exc)) from None
     return target

@@ -1,0 +1,125 @@
+"""Zero-config recognition by structure and parameter names, user adapters, parameter
+redrawing, dropout control, and the layers written the way timm, nanoGPT and HF Llama write
+theirs (each passes the gate; a one-bug twin of each fails)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from properties import profiles
+from properties.adapters import find_adapter
+from properties.registry import all_properties
+from properties.runner import run_property
+from properties.targets import Target, TargetError, load_target
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = "tests/fixtures/"
+SETTINGS = profiles.PROFILES["ci"]
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mha_verify.cli", "--no-export", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.parametrize(("spec", "adapter", "causal", "mask", "cross"), [
+    pytest.param(FIX + "nanogpt_attn.py:CausalSelfAttention", "fused_qkv", True, frozenset(), False, id="nanogpt"),
+    pytest.param(FIX + "nanogpt_attn.py:SlowCausalSelfAttention", "fused_qkv", True, frozenset(), False,
+                 id="nanogpt-slow"),
+    pytest.param(FIX + "timm_attn.py:Attention", "fused_qkv", False, frozenset({"bool", "float"}), False, id="timm"),
+    pytest.param(FIX + "llama_attn.py:LlamaAttention", "separate_qkv", True, frozenset({"bool", "float"}), False,
+                 id="llama"),
+    pytest.param(FIX + "odd_layers.py:KeywordMask", "separate_qkv", False, frozenset({"bool", "float"}), False,
+                 id="keyword-mask"),
+    pytest.param("torch.nn:MultiheadAttention", "torch_mha", False, frozenset({"bool", "float"}), True, id="torch"),
+    pytest.param("mha:MultiHeadAttention", "w_qkvo", False, frozenset({"bool", "float"}), True, id="reference"),
+])
+def test_recognized_by_structure_and_names(spec: str, adapter: str, causal: bool, mask: frozenset[str],
+                                           cross: bool) -> None:
+    bound = load_target(spec).build(8, 2)
+    conv = bound.conventions
+    assert (bound.adapter.name, conv.causal, conv.mask, conv.cross_attention) == (adapter, causal, mask, cross)
+    assert conv.notes, "the report prints the conventions used"
+
+
+def test_llama_style_gqa_weights_have_fewer_kv_rows() -> None:
+    p = load_target(FIX + "llama_attn.py:LlamaAttention").build(16, 4).params()
+    assert p.w_q.shape == (16, 16) and p.w_k.shape == (8, 16) and p.w_v.shape == (8, 16)
+
+
+def test_every_parameter_is_redrawn_biases_included() -> None:
+    bound = load_target("torch.nn:MultiheadAttention").build(8, 2, seed=3)
+    assert bool((bound.module.in_proj_bias != 0).all()) and bool((bound.module.out_proj.bias != 0).all())
+    again = load_target("torch.nn:MultiheadAttention").build(8, 2, seed=3)
+    assert torch.equal(bound.module.in_proj_weight, again.module.in_proj_weight)  # from the seed
+
+
+def test_a_bias_swap_hides_behind_zero_biases_and_is_found_once_they_are_redrawn() -> None:
+    target = load_target(FIX + "odd_layers.py:BiasSwap")
+    prop = all_properties()["oracle_agreement"]
+    quick = profiles.PROFILES["quick"]
+    hidden = Target(target.spec, target.factory, randomize=False)
+    assert run_property(prop, hidden, settings=quick, seed=0).verdict == "pass"
+    assert run_property(prop, target, settings=quick, seed=0).verdict == "fail"
+
+
+def test_float_dropout_attribute_is_controlled() -> None:
+    bound = load_target(FIX + "odd_layers.py:FloatDropout").build(8, 2)
+    assert bound.conventions.dropout
+    assert bound.adapter.set_dropout(bound.module, 0.0) and bound.module.dropout == 0.0
+
+
+@pytest.mark.parametrize(("spec", "verdict"), [
+    pytest.param(FIX + "odd_layers.py:LeakyCausal", "fail", id="leaky"),
+    pytest.param(FIX + "nanogpt_attn.py:CausalSelfAttention", "pass", id="nanogpt"),
+    pytest.param("mha:MultiHeadAttention", "pass", id="reference-under-causal-mask"),
+])
+def test_no_future_leak(spec: str, verdict: str) -> None:
+    result = run_property(all_properties()["no_future_leak"], load_target(spec), settings=profiles.PROFILES["quick"],
+                          seed=0)
+    assert result.verdict == verdict, result
+
+
+def test_user_adapter_by_spec_verifies_an_unusual_layer() -> None:
+    target = load_target(FIX + "odd_layers.py:Unusual", adapter=FIX + "user_adapter.py:UnusualAdapter")
+    for name in ("oracle_agreement", "masked_kv_invariance"):
+        assert run_property(all_properties()[name], target, settings=profiles.PROFILES["quick"]).verdict == "pass"
+
+
+def test_user_adapter_with_an_unknown_convention_key_is_a_usage_error() -> None:
+    with pytest.raises(TargetError, match="unknown convention 'polarity'"):
+        load_target(FIX + "odd_layers.py:Unusual", adapter=FIX + "user_adapter.py:BadDeclaration")
+
+
+def test_unknown_layer_names_the_adapters() -> None:
+    with pytest.raises(ValueError, match="fused_qkv"):
+        find_adapter(torch.nn.Linear(2, 2))
+
+
+def test_a_file_target_imports_its_siblings() -> None:
+    assert load_target(FIX + "nanogpt_attn_twin.py:CausalSelfAttention").build(8, 2).adapter.name == "fused_qkv"
+
+
+LAYERS = ["nanogpt_attn.py:CausalSelfAttention", "timm_attn.py:Attention", "llama_attn.py:LlamaAttention"]
+TWINS = ["nanogpt_attn_twin.py:CausalSelfAttention", "timm_attn_twin.py:Attention",
+         "llama_attn_twin.py:LlamaAttention"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", LAYERS, ids=["nanogpt", "timm", "llama"])
+def test_library_style_layer_passes_the_gate_with_no_user_file(spec: str) -> None:
+    proc = _cli("--target", FIX + spec, "--max-examples", "30")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", TWINS, ids=["nanogpt", "timm", "llama"])
+def test_one_bug_twin_fails_the_gate(spec: str) -> None:
+    proc = _cli("--target", FIX + spec, "--max-examples", "30", "--only", "oracle_agreement,head_split")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "FAIL" in proc.stdout
