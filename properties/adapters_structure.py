@@ -71,8 +71,10 @@ def library_of(module: nn.Module) -> str:
 
 
 def _hf_implementation(module: nn.Module) -> str:
+    """The attention code an HF layer runs: its config's ``_attn_implementation``; a layer built
+    standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``."""
     config = getattr(module, "config", None)
-    return str(getattr(config, "_attn_implementation", None) or "sdpa")
+    return str(getattr(config, "_attn_implementation", None) or "eager")
 
 
 def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:

@@ -109,10 +109,11 @@ def prefix_consistency(bound: Bound, ex: AttnExample) -> Measure:
     n = _cut(ex) + 1
     out = bound(ex.q, ex.k, ex.v, ex.mask)
     mask = _crop_mask(ex.mask, n, ex.sizes.lq)
+    # contiguous copies: a sliced tensor is not, and layers may view() their input (HF's Conv1D)
     if bound.conventions.cross_attention:
-        short = bound(ex.q[:, :n], ex.k[:, :n], ex.v[:, :n], mask)
+        short = bound(ex.q[:, :n].contiguous(), ex.k[:, :n].contiguous(), ex.v[:, :n].contiguous(), mask)
     else:
-        x = ex.q[:, :n]
+        x = ex.q[:, :n].contiguous()
         short = bound(x, x, x, mask)
     return close(short, out[:, :n], relation_allowed(bound, ex),
                  f"output of the first {n} positions alone vs the first {n} rows of the whole sequence",

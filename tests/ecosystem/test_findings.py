@@ -1,0 +1,96 @@
+"""True findings of the gate on library layers, each reproduced here with plain torch and the
+library alone (no harness code), so that each is a fact about the library, not about us."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.ecosystem import layers
+
+
+def _x(B: int = 2, L: int = 4, D: int = 8, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(B, L, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+
+
+def _dead_row_keep(B: int = 2, L: int = 4) -> torch.Tensor:
+    keep = torch.ones(B, 1, L, L, dtype=torch.bool)  # (B, 1, Lq, Lk)
+    keep[:, :, 1, :] = False  # query row 1 sees no key
+    return keep
+
+
+def _need_timm() -> None:
+    try:
+        layers.timm_layers()
+    except ImportError as exc:
+        pytest.skip(f"timm not installed (tox -e ecosystem): {exc}")
+
+
+def test_timm_unfused_path_gives_nan_on_a_fully_masked_row_where_the_fused_path_gives_b_o() -> None:
+    _need_timm()
+    torch.manual_seed(0)
+    fused = layers.timm_attention(8, 2).eval()
+    unfused = layers.timm_attention_unfused(8, 2).eval()
+    unfused.load_state_dict(fused.state_dict())
+    x, keep = _x(), _dead_row_keep()
+    with torch.no_grad():
+        a, b = fused(x, attn_mask=keep), unfused(x, attn_mask=keep)
+    assert torch.allclose(a[:, 1], fused.proj.bias.expand(2, 8))  # SDPA: zero weights, output b_o
+    assert bool(torch.isnan(b[:, 1]).all())  # masked_fill(-inf) + softmax: NaN
+    assert torch.allclose(a[:, 0], b[:, 0], atol=1e-6)  # the rows with keys agree
+
+
+def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
+    pytest.importorskip("transformers", reason="transformers not installed (tox -e ecosystem)")
+    torch.manual_seed(0)
+    sdpa = layers.bert_self_attention(8, 2).eval()
+    eager = layers.bert_self_attention_eager(8, 2).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    x = _x()
+    additive = torch.zeros(2, 1, 4, 4).masked_fill(~_dead_row_keep(), -math.inf)
+    with torch.no_grad():
+        a, b = sdpa(x, attention_mask=additive)[0], eager(x, attention_mask=additive)[0]
+    assert bool((a[:, 1] == 0).all())  # no output projection: zero weights give 0
+    assert bool(torch.isnan(b[:, 1]).all())
+
+
+def test_gpt2_sdpa_is_causal_without_a_mask_its_eager_path_is_not() -> None:
+    pytest.importorskip("transformers", reason="transformers not installed (tox -e ecosystem)")
+    torch.manual_seed(0)
+    sdpa = layers.gpt2_attention(8, 2).eval()
+    eager = layers.gpt2_attention_eager(8, 2).eval()
+    eager.load_state_dict(sdpa.state_dict())
+    x = _x()
+    causal = torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 1, 4, 4)
+    additive = torch.zeros(2, 1, 4, 4).masked_fill(~causal, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        a_none, b_none = sdpa(x)[0], eager(x)[0]
+        b_causal = eager(x, attention_mask=additive)[0]
+    assert torch.allclose(a_none, b_causal, atol=1e-5)  # SDPA without a mask is causal
+    assert not torch.allclose(b_none, b_causal, atol=1e-3)  # eager without a mask is not
+
+
+def test_x_transformers_returns_weights_1_over_lk_on_a_fully_masked_row_while_its_output_is_0() -> None:
+    pytest.importorskip("x_transformers", reason="x-transformers not installed (tox -e ecosystem)")
+    torch.manual_seed(0)
+    attn = layers.x_transformers_attention(8, 2).eval()
+    with torch.no_grad():
+        out, inter = attn(_x(), attn_mask=_dead_row_keep(), return_intermediates=True)
+    assert bool((out[:, 1] == 0).all())
+    weights = inter.post_softmax_attn  # (B, H, Lq, Lk)
+    assert torch.allclose(weights[:, :, 1], torch.full_like(weights[:, :, 1], 1 / 4))
+
+
+def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = _x()
+    padding = torch.zeros(2, 4, dtype=torch.bool)
+    padding[1] = True  # item 1: every key padded
+    slow = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
+    with torch.inference_mode():
+        fast = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
+    assert torch.allclose(fast[0], slow[0].detach(), atol=1e-6)
+    assert bool(torch.isnan(fast[1]).all())
