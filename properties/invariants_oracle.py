@@ -137,7 +137,7 @@ def _best_match(out: torch.Tensor, ex: AttnExample, p: MHAParams, n_head: int, i
 
 def _small(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, shapes=sizes(max_batch=2, max_len=3, max_heads=2, max_head_dim=4),
-                        dtype=torch.float64, scales=st.just(1.0))
+                        dtype=torch.float64, scales=st.just(1.0), large_negatives=False)
 
 
 @invariant("gradcheck", strategy=_small, dtype=torch.float64, needs_grads=True)
