@@ -15,6 +15,7 @@ from hypothesis import settings as Settings
 from hypothesis.errors import Unsatisfiable
 
 from properties.adapters import Conventions, NotApplicable
+from properties.keyed_database import keyed
 from properties.measure import Measure, Violation
 from properties.registry import Property, all_properties
 from properties.results import CheckResult
@@ -128,7 +129,7 @@ def run_property(
 
     test = given(strategy)(body)
     # distinct example-database keys per property and target, so a failure replays first next time
-    test._hypothesis_internal_add_digest = f"{prop.name}|{target.spec}".encode()  # type: ignore[attr-defined]
+    settings = keyed(settings, f"{prop.name}|{target.spec}")
     test = Settings(settings, suppress_health_check=[*settings.suppress_health_check, HealthCheck.filter_too_much,
                                                     HealthCheck.too_slow])(test)
     if seed is not None:
