@@ -118,7 +118,7 @@ def _summary(results: Sequence[CheckResult]) -> str:
         if r.replay:
             rows.append(f"<tr><th>replay</th><td><code class=replay>{e(r.replay)}</code></td></tr>")
         if same:
-            names = ", ".join(f"<b>{e(s.name)}</b>" for s in same)
+            names = ", ".join(f"<b>{e(s.name if s.stage == r.stage else f'{s.stage}/{s.name}')}</b>" for s in same)
             rows.append(f"<tr><th>same cause</th><td>{names}: also a NaN or inf output, "
                         f"same cause as {e(r.name)} (each in full below)</td></tr>")
         items.append(f'<div class=failure><h3><span class=x>FAIL</span> {e(r.stage)}/{e(r.name)}</h3>'

@@ -52,7 +52,7 @@ def failures(results: Iterable[CheckResult]) -> str:
         for note in r.details.get("hypothesis", []):
             out.append(f"  {note.strip()}")
         if same:
-            out.append(f"  same cause (NaN or inf output) also fails {len(same)} more:")
+            out.append(f"  same cause (a NaN or inf output) fails {len(same)} more check{'s' * (len(same) > 1)}:")
             for s in same:
                 out.append(f"    FAILED {s.stage}/{s.name}" + (f"  replay: {s.replay}" if s.replay else ""))
     return "\n".join(out)

@@ -54,7 +54,7 @@ def test_not_finite(result: CheckResult, expected: bool) -> None:
 def test_text_report_shows_the_cause_once_and_lists_the_rest() -> None:
     text = report_text.failures([FULLY, ORACLE_NAN, HEADS])
     assert text.count("what:") == 2  # fully_masked_rows and head_split in full
-    assert "same cause (NaN or inf output) also fails 1 more:" in text
+    assert "same cause (a NaN or inf output) fails 1 more check:" in text
     assert "FAILED properties/oracle_agreement  replay: mha-verify check --only oracle_agreement" in text
 
 
