@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from properties.adapters import Conventions, NotApplicable
+from properties.keyed_database import keyed
 from properties.measure import Measure, Violation
 from properties.registry import Property, all_properties
 from properties.results import CheckResult
@@ -133,8 +134,6 @@ def run_property(
 
     def run(strategy: st.SearchStrategy[AttnExample], settings: Settings) -> BaseException | None:
         test = given(strategy)(body)
-        # distinct example-database keys per property and target, so a failure replays first next time
-        test._hypothesis_internal_add_digest = f"{prop.name}|{target.spec}".encode()  # type: ignore[attr-defined]
         test = Settings(settings, suppress_health_check=[*settings.suppress_health_check,
                                                         HealthCheck.filter_too_much, HealthCheck.too_slow])(test)
         if seed is not None:
@@ -149,6 +148,8 @@ def run_property(
             return exc
         return None
 
+    # distinct example-database keys per property and target, so a failure replays first next time
+    settings = keyed(settings, f"{prop.name}|{target.spec}")
     # Sweep every boundary case of the sizes first (two examples each), then the random
     # examples: a short derandomized run would otherwise reach only some of them.
     error: BaseException | None = None
