@@ -150,21 +150,22 @@ def run_property(
 
     # distinct example-database keys per property and target, so a failure replays first next time
     settings = keyed(settings, f"{prop.name}|{target.spec}")
-    # Sweep every boundary case of the sizes first (two examples each), then the random
-    # examples: a short derandomized run would otherwise reach only some of them.
-    error: BaseException | None = None
+    # The random examples, then every boundary case of the sizes (two examples each): a short
+    # derandomized run would otherwise reach only some of them. Random first, so that a bug
+    # found at any size shrinks freely to the smallest example.
     cases = boundary_cases() if settings.max_examples >= 3 * SWEEP_EXAMPLES * len(boundary_cases()) / 2 else ()
-    for case in cases:
+    rest = max(1, settings.max_examples - SWEEP_EXAMPLES * len(cases))
+    error = run(strategy, Settings(settings, max_examples=rest))
+    for case in cases if error is None or isinstance(error, Unsatisfiable) else ():
         with forced_size_case(case):
             swept = prop.strategy(run_conv)
         assert not isinstance(swept, str)
-        error = run(swept, Settings(settings, max_examples=SWEEP_EXAMPLES))
-        if error is not None and not isinstance(error, Unsatisfiable):
+        found = run(swept, Settings(settings, max_examples=SWEEP_EXAMPLES))
+        if found is not None and not isinstance(found, Unsatisfiable):
+            error = found
             break
-        error = None
-    if error is None:
-        rest = max(1, settings.max_examples - SWEEP_EXAMPLES * len(cases))
-        error = run(strategy, Settings(settings, max_examples=rest))
+    if isinstance(error, Unsatisfiable) and stats.checked:
+        error = None  # the random phase found nothing it could take, the sweep did
     seconds = time.perf_counter() - start
     worst = stats.worst
     ratios = stats.ratios + ([stats.failing_ratio] if stats.failing_ratio is not None else [])
