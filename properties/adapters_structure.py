@@ -110,7 +110,9 @@ class StructuralAdapter(Adapter):
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
-            cross_attention=not sig.self_attention and not causal,
+            # keys = values through one ``context`` argument cannot take our distinct k and v:
+            # such layers are verified as self-attention (a declaration can say otherwise)
+            cross_attention=sig.key is not None and sig.value is not None and not causal,
             weights=False,
             fully_masked=fully_masked,
             causal=causal,
@@ -128,17 +130,19 @@ class StructuralAdapter(Adapter):
         if mask is not None and not conv.mask:
             raise NotApplicable("the target's forward takes no mask")
         kwargs: dict[str, object] = {sig.input: q}
-        if conv.cross_attention and not is_same_input(q, k, v):
-            if sig.key is not None and sig.value is not None:
-                kwargs[sig.key], kwargs[sig.value] = k, v
-            elif sig.context is not None:
-                if not (k is v or torch.equal(k, v)):
-                    raise NotApplicable(f"the target takes keys = values ({sig.context}): k and v differ")
-                kwargs[sig.context] = k
-        elif not is_same_input(q, k, v):
-            raise NotApplicable(f"the target is self-attention only: forward({sig.input})")
-        elif sig.key is not None and sig.value is not None:
+        # identity first: no torch.equal (data-dependent) while an exporter traces a self-attention call
+        if sig.key is not None and sig.value is not None:
+            if not conv.cross_attention and not is_same_input(q, k, v):
+                raise NotApplicable(f"the target is self-attention only here (causal): forward({sig.input})")
             kwargs[sig.key], kwargs[sig.value] = k, v
+        elif not (q is k and k is v):
+            if not conv.cross_attention or sig.context is None:
+                if not is_same_input(q, k, v):
+                    raise NotApplicable(f"the target is self-attention only: forward({sig.input})")
+            elif k is v or bool(torch.equal(k, v)):
+                kwargs[sig.context] = k
+            else:
+                raise NotApplicable(f"the target takes keys = values ({sig.context}): k and v differ")
         if sig.mask is not None:
             B, Lq, Lk = q.shape[0], q.shape[1], k.shape[1]
             # a causal layer always gets its causal mask explicitly (ANDed with ours): HF eager and
