@@ -79,9 +79,10 @@ def gpt2_attention(d: int, h: int) -> nn.Module:
 def llama_gqa_attention(d: int, h: int) -> nn.Module:
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaAttention
-    kv = h // 2 if h % 2 == 0 else h
-    cfg = LlamaConfig(hidden_size=d, num_attention_heads=h, num_key_value_heads=kv, head_dim=d // h,
-                      attn_implementation="sdpa")
+    cfg = LlamaConfig(attn_implementation="sdpa")
+    # set after validation: LlamaConfig rejects odd head_dim for RoPE, which the gate leaves out
+    cfg.hidden_size, cfg.num_attention_heads, cfg.head_dim = d, h, d // h
+    cfg.num_key_value_heads = h // 2 if h % 2 == 0 else h  # grouped-query where H is even
     return LlamaAttention(cfg, layer_idx=0)
 
 
@@ -103,7 +104,7 @@ def torch_mha_batch_first(d: int, h: int) -> nn.Module:
 
 USER_LINES = {  # lines of user code per example: the factory's body; 0 = the spec names the class itself
     "timm_attention": 1, "timm_attention_unfused": 3, "bert_self_attention": 3, "bert_self_attention_eager": 3,
-    "gpt2_attention": 3, "gpt2_attention_eager": 3, "llama_gqa_attention": 5, "x_transformers_attention": 2,
+    "gpt2_attention": 3, "gpt2_attention_eager": 3, "llama_gqa_attention": 6, "x_transformers_attention": 2,
     "torchtune_attention": 4,
     "torch_mha_batch_first": 1,
 }
