@@ -89,8 +89,9 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         return MaskFormat("keep"), "zeros", f"transformers {impl}: the mask as HF builds it for sdpa (bool keep)"
     if lib == "torchtune":
         return MaskFormat("keep", layout="BLL"), "zeros", "torchtune: bool keep-mask (B, Lq, Lk)"
-    if lib == "x_transformers":
-        return MaskFormat("keep"), "zeros", "x-transformers: attn_mask as a bool keep-mask"
+    if lib == "x_transformers":  # its attend() inverts the mask with ~: bool only
+        return (MaskFormat("keep", takes=frozenset({"bool"})), "zeros",
+                "x-transformers: attn_mask as a bool keep-mask (bool only)")
     if lib == "timm":
         return MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"
     return MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)"
@@ -135,6 +136,10 @@ class StructuralAdapter(Adapter):
             if not conv.cross_attention and not is_same_input(q, k, v):
                 raise NotApplicable(f"the target is self-attention only here (causal): forward({sig.input})")
             kwargs[sig.key], kwargs[sig.value] = k, v
+        elif sig.context is not None and library_of(module) == "torchtune":
+            if not (q is k and k is v) and not is_same_input(q, k, v):
+                raise NotApplicable(f"the target is verified as self-attention: forward({sig.input}, {sig.context}=x)")
+            kwargs[sig.context] = k  # torchtune's forward requires y, = x for self-attention
         elif not (q is k and k is v):
             if not conv.cross_attention or sig.context is None:
                 if not is_same_input(q, k, v):
@@ -210,7 +215,9 @@ class SeparateQKVAdapter(StructuralAdapter):
     def _names(self, module: nn.Module) -> tuple[str, str, str, str] | None:
         for q, k, v, outs in self.sets:
             if all(_linear_like(getattr(module, n, None)) for n in (q, k, v)):
-                out = next((o for o in outs if _linear_like(getattr(module, o, None))), None)
+                # an nn.Identity output: no projection (x-transformers with one head of width D)
+                out = next((o for o in outs if _linear_like(getattr(module, o, None))
+                            or isinstance(getattr(module, o, None), nn.Identity)), None)
                 if out is not None:
                     return q, k, v, out
         return None
@@ -223,7 +230,8 @@ class SeparateQKVAdapter(StructuralAdapter):
         assert names is not None
         args: list[torch.Tensor | None] = []
         for n in names:
-            args += weight_bias(getattr(module, n))
+            layer = getattr(module, n)
+            args += [None, None] if isinstance(layer, nn.Identity) else weight_bias(layer)
         return MHAParams._make(args)
 
 
