@@ -102,9 +102,13 @@ def torch_mha_batch_first(d: int, h: int) -> nn.Module:
     return nn.MultiheadAttention(d, h, batch_first=True)
 
 
+def torch_mha_seq_first(d: int, h: int) -> nn.Module:
+    return nn.MultiheadAttention(d, h)
+
+
 USER_LINES = {  # lines of user code per example: the factory's body; 0 = the spec names the class itself
     "timm_attention": 1, "timm_attention_unfused": 3, "bert_self_attention": 3, "bert_self_attention_eager": 3,
     "gpt2_attention": 3, "gpt2_attention_eager": 3, "llama_gqa_attention": 6, "x_transformers_attention": 2,
     "torchtune_attention": 4,
-    "torch_mha_batch_first": 1,
+    "torch_mha_batch_first": 1, "torch_mha_seq_first": 1,
 }

@@ -32,6 +32,7 @@ TRUTH: dict[str, tuple[str | None, dict[str, str]]] = {
     "x_transformers_attention": ("x_transformers", {}),
     "torchtune_attention": ("torchtune", {}),
     "torch_mha_batch_first": (None, {}),
+    "torch_mha_seq_first": (None, {}),
 }
 
 
@@ -56,7 +57,7 @@ def test_every_failure_is_a_true_finding(layer: str, tmp_path: Path) -> None:
     if not _installed(lib):
         pytest.skip(f"{lib} is not installed (tox -e ecosystem installs it; see tests/ecosystem/requirements.txt)")
     report = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "--no-export", "--max-examples", "25",
+    proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "--no-export", "--max-examples", "10",
                            "--target", LAYERS + layer, "--report", str(report)],
                           cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert report.exists(), proc.stderr[-2000:]
