@@ -140,8 +140,13 @@ def _expand(mask: torch.Tensor, B: int, Lq: int, Lk: int) -> torch.Tensor:
     """A mask of rank <= 4 without a head axis of size > 1 -> (B, 1, Lq, Lk)."""
     while mask.dim() < 4:
         mask = mask.unsqueeze(0)
-    if mask.shape[1] != 1:
-        raise ValueError(f"a mask with {mask.shape[1]} heads cannot be given to a layer whose mask has no head axis")
+    if mask.shape[1] != 1:  # the same mask for every head, expanded: one head's is the layer's
+        if not bool(torch.equal(mask, mask[:, :1].expand_as(mask))):
+            from properties.adapters import NotApplicable
+
+            raise NotApplicable(f"a mask that differs across its {mask.shape[1]} heads cannot be given to a layer "
+                                "whose mask has no head axis")
+        mask = mask[:, :1]
     return mask.expand(B, 1, Lq, Lk)
 
 

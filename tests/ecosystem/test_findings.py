@@ -94,3 +94,14 @@ def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
         fast = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
     assert torch.allclose(fast[0], slow[0].detach(), atol=1e-6)
     assert bool(torch.isnan(fast[1]).all())
+
+
+def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None:
+    pytest.importorskip("x_transformers", reason="x-transformers not installed (tox -e ecosystem)")
+    torch.manual_seed(0)
+    attn = layers.x_transformers_attention(8, 2).double().eval()
+    with torch.no_grad():
+        _, inter = attn(_x(dtype=torch.float64), return_intermediates=True)
+    weights = inter.post_softmax_attn  # float64 tensor holding float32 values: gradcheck in float64 fails
+    assert weights.dtype == torch.float64
+    assert torch.equal(weights, weights.float().double())
