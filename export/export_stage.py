@@ -1,5 +1,6 @@
 """The export stage of ``mha-verify check``: export a target once per configuration at a
-modest size, then validate each model over generated shapes.
+modest size, then validate each model: the property registry against each onnxruntime
+target variant, and onnxruntime against the eager module (:mod:`export.validation`).
 
 The default configurations — the dynamo exporter at its newest opset (which uses the ONNX
 ``Attention`` operator from opset 23) and the TorchScript exporter at its newest — keep the
@@ -19,7 +20,7 @@ from hypothesis import settings as Settings
 
 from export.onnx_export import ExportError, config_name, export_onnx
 from export.opsets import EXPORTERS, check_opset
-from export.validate import STAGE, validate_model
+from export.validation import STAGE, validate_model
 from properties.results import CheckResult
 from properties.targets import Target, TargetError
 
@@ -75,6 +76,6 @@ def export_stage(
                         continue
                     results.append(CheckResult(f"{config}/export", STAGE, "pass", seconds=info.seconds,
                                                details={"d_model": d_model, "n_head": n_head}))
-                    results += validate_model(path, bound, settings=settings, providers=providers,
+                    results += validate_model(path, eager=bound, settings=settings, providers=providers,
                                               bundle_dir=bundle_dir, name=config)
     return results
