@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha.contract import check_mask, check_qkv, check_sizes
+from mha.masks import rows_alive
 
 
 class MultiHeadAttention(nn.Module):
@@ -107,7 +108,7 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and (torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()):
             # Eager SDPA already returns zeros for fully masked rows (PyTorch >= 2.5); its ONNX
             # lowerings do not all do so, so exported graphs zero those rows explicitly.
-            heads = heads * _row_alive(mask).to(heads.dtype)
+            heads = heads * rows_alive(mask).to(heads.dtype)
         return heads
 
     def _math_attention(
@@ -128,8 +129,3 @@ class MultiHeadAttention(nn.Module):
         weights = self.dropout(weights)
         return torch.matmul(weights, vh), weights
 
-
-def _row_alive(mask: torch.Tensor) -> torch.Tensor:
-    """mask (..., Lq, Lk) -> bool (..., Lq, 1): True where the query row keeps at least one key."""
-    keep = mask if mask.dtype == torch.bool else mask > float("-inf")
-    return keep.any(dim=-1, keepdim=True)

@@ -15,11 +15,17 @@ from typing import NamedTuple
 
 import torch
 
+from mha.masks import additive_mask, causal_keep
+
+FULLY_MASKED = ("zeros", "uniform", "nan")
+
 
 class MHAParams(NamedTuple):
     """The weights of a multi-head attention layer, in nn.Linear's (out, in) layout.
 
-    w_q, w_k, w_v, w_o: (D, D); b_q, b_k, b_v, b_o: (D,) or None (no bias).
+    w_q: (D, D); w_k, w_v: (Hkv * Hd, D), where Hkv = H for multi-head attention and
+    Hkv < H for grouped-query (Hkv = 1: multi-query) attention; w_o: (D, D), or None for a
+    layer without an output projection (BERT's self-attention). Biases: (out,) or None.
     """
 
     w_q: torch.Tensor
@@ -28,7 +34,7 @@ class MHAParams(NamedTuple):
     b_k: torch.Tensor | None
     w_v: torch.Tensor
     b_v: torch.Tensor | None
-    w_o: torch.Tensor
+    w_o: torch.Tensor | None
     b_o: torch.Tensor | None
 
     def to(self, dtype: torch.dtype) -> MHAParams:
@@ -36,31 +42,31 @@ class MHAParams(NamedTuple):
         return MHAParams._make(None if t is None else t.detach().to(dtype) for t in self)
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """A bool keep-mask or additive float mask -> additive mask of ``dtype`` (0 keeps, -inf removes)."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
-    return mask.to(dtype)
-
-
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-    *, scale: float | None = None,
+    *, scale: float | None = None, causal: bool = False, fully_masked: str = "zeros",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale + mask) v, computed in the dtype of q.
 
     Args:
         q: (..., Lq, Hd); k: (..., Lk, Hd); v: (..., Lk, Hv).
-        mask: None, bool (True = may attend) or additive float, broadcasting to (..., Lq, Lk).
+        mask: None, bool keep-mask (True = may attend) or additive float (finite values are
+            biases, applied exactly), broadcasting to (..., Lq, Lk).
         scale: defaults to 1 / sqrt(Hd).
+        causal: also remove keys j > i for query i (top-left aligned, as SDPA's ``is_causal``).
+        fully_masked: what a query row with every key removed gets: "zeros" (our contract:
+            zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that
+            masks with ``finfo.min`` computes) or "nan".
     Returns:
-        (output (..., Lq, Hv), weights (..., Lq, Lk)); rows whose keys are all masked have
-        zero weights and a zero output.
+        (output (..., Lq, Hv), weights (..., Lq, Lk)).
     """
+    if fully_masked not in FULLY_MASKED:
+        raise ValueError(f"fully_masked must be one of {FULLY_MASKED}, got fully_masked={fully_masked!r}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     score = (q @ k.transpose(-2, -1)) * scale  # (..., Lq, Lk)
+    if causal:
+        keep = causal_keep(score.shape[-2], score.shape[-1], score.device)
+        mask = keep if mask is None else _and(mask, keep)
     bias = additive_mask(mask, score.dtype)
     if bias is not None:
         score = score + bias
@@ -69,8 +75,17 @@ def attention(
     # subtract the row maximum (a dead row subtracts 0) so exp never overflows
     e = torch.exp(score - torch.where(alive, row_max, torch.zeros_like(row_max)))
     total = e.sum(dim=-1, keepdim=True)
-    weights = torch.where(alive, e / torch.where(alive, total, torch.ones_like(total)), torch.zeros_like(e))
+    dead = {"zeros": torch.zeros_like(e), "uniform": torch.full_like(e, 1.0 / e.shape[-1]),
+            "nan": torch.full_like(e, math.nan)}[fully_masked]
+    weights = torch.where(alive, e / torch.where(alive, total, torch.ones_like(total)), dead)
     return weights @ v, weights
+
+
+def _and(mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``mask`` (keep-mask or additive) restricted to ``keep`` (bool), in ``mask``'s convention."""
+    if mask.dtype == torch.bool:
+        return mask & keep
+    return mask.masked_fill(~keep, -math.inf)
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -81,68 +96,115 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 
 def multi_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    fully_masked: str = "zeros",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed multi-head attention evaluated in ``dtype`` (float64 by default: the oracle).
 
     q (B, Lq, D), k (B, Lk, D), v (B, Lk, D); mask broadcasting to (B, H, Lq, Lk).
+    Grouped-query attention where ``params.w_k`` has Hkv * Hd < D rows: kv head j serves
+    query heads j*g .. j*g+g-1 with g = H / Hkv (HF's ``repeat_kv``). ``causal`` and
+    ``fully_masked`` as in :func:`attention`.
     Returns (output (B, Lq, D), weights (B, H, Lq, Lk)), both in ``dtype``.
     """
     p = params.to(dtype)
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
     d = q.shape[-1]
     hd = d // n_head
-    # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd)
+    n_kv = kv_heads(params, n_head)
+    # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd); keys and values: (B, Hkv, L, Hd) repeated to H
     qh = _linear(q, p.w_q, p.b_q).reshape(*q.shape[:-1], n_head, hd).transpose(-3, -2)
-    kh = _linear(k, p.w_k, p.b_k).reshape(*k.shape[:-1], n_head, hd).transpose(-3, -2)
-    vh = _linear(v, p.w_v, p.b_v).reshape(*v.shape[:-1], n_head, hd).transpose(-3, -2)
+    kh = _linear(k, p.w_k, p.b_k).reshape(*k.shape[:-1], n_kv, hd).transpose(-3, -2)
+    vh = _linear(v, p.w_v, p.b_v).reshape(*v.shape[:-1], n_kv, hd).transpose(-3, -2)
+    kh = kh.repeat_interleave(n_head // n_kv, dim=-3)
+    vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
     m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(dtype))
-    heads, weights = attention(qh, kh, vh, m)  # (B, H, Lq, Hd), (B, H, Lq, Lk)
+    # (B, H, Lq, Hd), (B, H, Lq, Lk)
+    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked)
     # (B, H, Lq, Hd) -> (B, Lq, H, Hd) -> (B, Lq, D)
     concat = heads.transpose(-3, -2).reshape(*q.shape[:-1], d)
-    return _linear(concat, p.w_o, p.b_o), weights
+    return _output(concat, p), weights
+
+
+def kv_heads(params: MHAParams, n_head: int) -> int:
+    """Hkv, the number of key/value heads (H for multi-head, fewer for grouped-query attention).
+
+    Read from the shape of ``w_k`` (Hkv * Hd, D); ValueError if it does not divide H.
+    """
+    d = params.w_q.shape[0]
+    hd = d // n_head
+    rows = params.w_k.shape[0]
+    if rows % hd or n_head % (rows // hd):
+        raise ValueError(f"w_k has {rows} rows: not a whole number of key heads of width Hd={hd} dividing "
+                         f"n_head={n_head}")
+    return rows // hd
+
+
+def _output(concat: torch.Tensor, p: MHAParams) -> torch.Tensor:
+    """The output projection, or the concatenated heads for a layer without one."""
+    if p.w_o is None:
+        return concat if p.b_o is None else concat + p.b_o
+    return _linear(concat, p.w_o, p.b_o)
 
 
 def head_slices(params: MHAParams, n_head: int) -> list[MHAParams]:
     """Split packed weights into per-head input projections W_i^Q, W_i^K, W_i^V: (Hd, D) each.
 
-    Head i owns output features i*Hd .. (i+1)*Hd of each D x D input projection. The output
-    projection is not split: the per-head formulation applies it after concatenation, so
-    w_o and b_o are repeated whole in every element.
+    Head i owns output features i*Hd .. (i+1)*Hd of the query projection and those of key
+    head i // g of the key and value projections (g = H / Hkv; g = 1 without grouping). The
+    output projection is not split: the per-head formulation applies it after
+    concatenation, so w_o and b_o are repeated whole in every element.
     """
     d = params.w_q.shape[0]
     hd = d // n_head
+    group = n_head // kv_heads(params, n_head)
     out = []
     for i in range(n_head):
         rows = slice(i * hd, (i + 1) * hd)
+        kv = slice((i // group) * hd, (i // group + 1) * hd)
         out.append(MHAParams(
             params.w_q[rows], None if params.b_q is None else params.b_q[rows],
-            params.w_k[rows], None if params.b_k is None else params.b_k[rows],
-            params.w_v[rows], None if params.b_v is None else params.b_v[rows],
+            params.w_k[kv], None if params.b_k is None else params.b_k[kv],
+            params.w_v[kv], None if params.b_v is None else params.b_v[kv],
             params.w_o, params.b_o,
         ))
     return out
 
 
+def head_mask(mask: torch.Tensor | None, i: int) -> torch.Tensor | None:
+    """Head i's slice of a mask broadcasting to (B, H, Lq, Lk): (B|1, Lq, Lk), or rank <= 2 as is."""
+    if mask is None or mask.dim() < 3:
+        return mask
+    m = mask if mask.shape[-3] == 1 else mask[..., i:i + 1, :, :]
+    return m.squeeze(-3) if m.dim() == 4 else m  # (B|1, 1, Lq, Lk) -> (B|1, Lq, Lk)
+
+
+def one_head(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int, i: int,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    fully_masked: str = "zeros",
+) -> torch.Tensor:
+    """head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) alone: (B, Lq, Hd) in ``dtype``."""
+    p = head_slices(params.to(dtype), n_head)[i]
+    q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
+    m = head_mask(mask, i)
+    if m is not None and m.dtype != torch.bool:
+        m = m.to(dtype)
+    head, _ = attention(_linear(q, p.w_q, p.b_q), _linear(k, p.w_k, p.b_k), _linear(v, p.w_v, p.b_v), m,
+                        causal=causal, fully_masked=fully_masked)
+    return head
+
+
 def per_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    fully_masked: str = "zeros",
 ) -> torch.Tensor:
     """The paper's formulation: head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), then
     Concat(head_1..head_H) W_o. Same shapes and mask contract as :func:`multi_head`;
     returns the output (B, Lq, D) in ``dtype``.
     """
-    q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
-    heads = []
-    for i, p in enumerate(head_slices(params.to(dtype), n_head)):
-        m = None
-        if mask is not None:
-            m = mask if mask.dim() < 3 or mask.shape[-3] == 1 else mask[..., i, :, :]
-            if m.dtype != torch.bool:
-                m = m.to(dtype)
-            if m.dim() == 4:
-                m = m.squeeze(-3)  # (B|1, 1, Lq, Lk) -> (B|1, Lq, Lk)
-        head, _ = attention(_linear(q, p.w_q, p.b_q), _linear(k, p.w_k, p.b_k), _linear(v, p.w_v, p.b_v), m)
-        heads.append(head)  # (B, Lq, Hd)
+    heads = [one_head(q, k, v, params, n_head, i, mask, dtype=dtype, causal=causal, fully_masked=fully_masked)
+             for i in range(n_head)]  # (B, Lq, Hd) each
     concat = torch.cat(heads, dim=-1)  # (B, Lq, D)
-    return _linear(concat, params.w_o.detach().to(dtype), None if params.b_o is None else params.b_o.detach().to(dtype))
+    return _output(concat, params.to(dtype))

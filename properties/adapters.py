@@ -13,14 +13,17 @@ q/k/v for a self-attention-only target) raises :class:`NotApplicable`.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from mha.masks import additive_mask, keep_mask
 from mha.reference import MHAParams
 
 
@@ -28,32 +31,136 @@ class NotApplicable(Exception):  # noqa: N818 -- a verdict, not an error
     """The target cannot express this call (no mask argument, self-attention only, ...)."""
 
 
+MASK_FORM_NAMES = ("BHLL", "B1LL", "11LL", "LL", "B11L")
+FULLY_MASKED = ("zeros", "uniform", "nan")
+
+
 @dataclass(frozen=True)
 class Conventions:
-    """What a target supports, as its adapter found it or the target declared it.
+    """What a target supports and how it behaves, as its adapter found it or its author declared it.
 
-    mask: the mask conventions the target takes natively, a subset of {"bool", "float"}.
+    The runner decides from these, before a property runs, whether the property applies.
+
+    mask: the mask types the target takes natively, a subset of {"bool", "float"}; empty
+        when its forward takes no mask.
+    mask_forms: the mask shapes it accepts, a subset of "BHLL" (B, H, Lq, Lk), "B1LL",
+        "11LL", "LL" (Lq, Lk) and "B11L" (key padding, (B, 1, 1, Lk)).
     cross_attention: False for self-attention-only targets (forward(x)).
     weights: True if the target can return attention weights (B, H, Lq, Lk).
-    fully_masked: what a fully masked query row gives: "zeros" (our contract) or
-        "nan" (e.g. torch.nn.MultiheadAttention); declared, not measured.
+    fully_masked: what a fully masked query row gives: "zeros" (our contract: w_o(0) = b_o),
+        "uniform" (weights 1/Lk over all keys, as layers that mask with finfo.min compute)
+        or "nan" (e.g. torch.nn.MultiheadAttention); declared, never inferred from outputs.
+    causal: the target applies a causal mask itself (query i sees keys j <= i).
+    grads: gradients can be taken through it (False for an onnxruntime session).
+    dropout: it has a dropout probability the harness can set (False: none, or not settable).
+    sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
+    dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
+    kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
+    notes: the conventions in words, printed in the report.
     """
 
     mask: frozenset[str] = frozenset({"bool", "float"})
+    mask_forms: frozenset[str] = frozenset(MASK_FORM_NAMES)
     cross_attention: bool = True
     weights: bool = False
     fully_masked: str = "zeros"
+    causal: bool = False
+    grads: bool = True
+    dropout: bool = True
+    sizes: tuple[int, int] | None = None
+    dtype: torch.dtype | None = None
+    kv_heads: int | None = None
     notes: tuple[str, ...] = field(default=())
 
+    def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
+        """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
 
-def _keep(mask: torch.Tensor) -> torch.Tensor:
-    return mask if mask.dtype == torch.bool else mask > -math.inf
+        Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
+        negation), weights, fully_masked, causal, grads, dropout, kv_heads.
+        """
+        changes: dict[str, object] = {}
+        for key, value in declaration.items():
+            if key not in _DECLARABLE:
+                raise ValueError(f"{source}: unknown convention {key!r}; known: {', '.join(sorted(_DECLARABLE))}")
+            name, parse = _DECLARABLE[key]
+            try:
+                changes[name] = parse(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{source}: {key}={value!r}: {exc}") from None
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """One line: the conventions a verdict was reached under."""
+        mask = "/".join(sorted(self.mask)) or "none"
+        parts = [f"mask {mask}" + ("" if not self.mask or self.mask_forms == frozenset(MASK_FORM_NAMES)
+                                   else f" ({', '.join(sorted(self.mask_forms))})"),
+                 "cross-attention" if self.cross_attention else "self-attention",
+                 f"fully masked rows -> {self.fully_masked}"]
+        if self.causal:
+            parts.append("causal")
+        if self.kv_heads:
+            parts.append(f"{self.kv_heads} kv heads")
+        if self.sizes:
+            parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
+        if self.dtype is not None:
+            parts.append(str(self.dtype).replace("torch.", ""))
+        return "; ".join(parts + list(self.notes))
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
-    return mask
+def _subset(allowed: tuple[str, ...]) -> Callable[[object], frozenset[str]]:
+    def parse(value: object) -> frozenset[str]:
+        if not isinstance(value, (str, tuple, list, set, frozenset)):
+            raise TypeError("expected a name or a collection of names")
+        items = (value,) if isinstance(value, str) else tuple(value)
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            raise ValueError(f"expected a subset of {allowed}")
+        return frozenset(items)
+    return parse
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("expected True or False")
+    return value
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        if value not in allowed:
+            raise ValueError(f"expected one of {allowed}")
+        return str(value)
+    return parse
+
+
+def _positive_or_none(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("expected a positive int or None")
+    return value
+
+
+_DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
+    "mask": ("mask", _subset(("bool", "float"))),
+    "mask_forms": ("mask_forms", _subset(MASK_FORM_NAMES)),
+    "cross_attention": ("cross_attention", _flag),
+    "self_attention": ("cross_attention", lambda v: not _flag(v)),
+    "weights": ("weights", _flag),
+    "fully_masked": ("fully_masked", _choice(FULLY_MASKED)),
+    "causal": ("causal", _flag),
+    "grads": ("grads", _flag),
+    "dropout": ("dropout", _flag),
+    "kv_heads": ("kv_heads", _positive_or_none),
+}
+
+
+def declared_conventions(module: nn.Module, found: Conventions) -> Conventions:
+    """``found`` with the module's ``mha_verify_conventions`` class attribute applied (checked keys)."""
+    declaration = getattr(module, "mha_verify_conventions", None)
+    if not declaration:
+        return found
+    return found.declare(dict(declaration), source=f"{type(module).__name__}.mha_verify_conventions")
 
 
 def _linear_params(*layers: nn.Linear) -> MHAParams:
@@ -124,13 +231,13 @@ class QKVAdapter(Adapter):
 
     def conventions(self, module: nn.Module) -> Conventions:
         sig = inspect.signature(module.forward).parameters
-        declared = dict(getattr(module, "mha_verify_conventions", {}))
-        return Conventions(
-            mask=frozenset(declared.get("mask", self.native_mask if self._has_mask(module) else ())),
-            cross_attention=bool(declared.get("cross_attention", not self._self_attention(module))),
-            weights=bool(declared.get("weights", "need_weights" in sig or self.returns_weights)),
-            fully_masked=str(declared.get("fully_masked", "zeros")),
+        found = Conventions(
+            mask=self.native_mask if self._has_mask(module) else frozenset(),
+            cross_attention=not self._self_attention(module),
+            weights="need_weights" in sig or self.returns_weights,
+            dropout=any(isinstance(m, nn.Dropout) for m in module.modules()),
         )
+        return declared_conventions(module, found)
 
     def params(self, module: nn.Module) -> MHAParams:
         return _linear_params(*(getattr(module, n) for n in self.names))
@@ -140,11 +247,11 @@ class QKVAdapter(Adapter):
             return None
         native = self.conventions(module).mask
         if mask.dtype == torch.bool and "bool" not in native:
-            return _additive(mask, dtype)
+            return additive_mask(mask, dtype)
         if mask.dtype != torch.bool and "float" not in native:
             if bool(((mask != 0) & (mask != -math.inf)).any()):
                 raise NotApplicable("the target takes bool masks only: finite float biases have no bool form")
-            return _keep(mask)
+            return keep_mask(mask)
         return mask
 
     def _args(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

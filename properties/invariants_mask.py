@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import math
+import dataclasses
 
 import torch
 from hypothesis import strategies as st
 
+from mha.masks import additive_mask
+from mha.tolerance import compare
 from properties.adapters import Conventions
-from properties.checks import Measure, Violation, close, dead_rows, examples_for, keep_of, relation_allowed
+from properties.applicable import dead_rows, examples_for, keep_of
+from properties.measure import UNCHECKED, Measure, Violation, close, ensure, oracle, relation_allowed, worst
 from properties.registry import StrategyFn, invariant
-from properties.strategies import AttnExample, build_keep, sizes
+from properties.strategies import AttnExample, build_keep
 from properties.targets import Bound
 
 _MASKED_KINDS = ("random", "padding", "causal", "dead_rows", "dead_item")
@@ -36,7 +39,9 @@ def mask_zeroes_weights(bound: Bound, ex: AttnExample) -> Measure:
     weights[b, h, i, j] == 0 for every (b, h, i, j) with mask[b, h, i, j] = False (or -inf).
     """
     _, weights = bound.with_weights(ex.q, ex.k, ex.v, ex.mask)
-    masked = ~keep_of(ex)
+    masked = ~keep_of(ex, bound.conventions.causal)
+    if not bool(masked.any()):
+        return UNCHECKED
     leaked = weights.detach()[masked]
     if leaked.numel() and bool((leaked != 0).any()):
         worst = float(leaked.abs().max())
@@ -53,14 +58,13 @@ def masked_kv_invariance(bound: Bound, ex: AttnExample) -> Measure:
     For a set J of keys, out'[b, i] = out[b, i] for every query row (b, i) that masks all of
     J in every head, where out' uses k, v with rows J replaced by values 100x larger.
     """
-    keep = keep_of(ex)  # (B, H, Lq, Lk)
+    keep = keep_of(ex, bound.conventions.causal)  # (B, H, Lq, Lk)
     gen = torch.Generator().manual_seed(ex.seed + 7)
-    replace = torch.rand(ex.sizes.batch, ex.sizes.lk, generator=gen) < 0.5  # (B, Lk)
+    replace = _replaceable(keep, gen)  # (B, Lk)
     if not bool(replace.any()):
-        replace[0, 0] = True
+        return UNCHECKED
     # rows that see none of the replaced keys in any head: (B, Lq)
-    sees = (keep & replace[:, None, None, :]).any(dim=-1).any(dim=1)
-    rows = ~sees
+    rows = ~(keep & replace[:, None, None, :]).any(dim=-1).any(dim=1)
     big = 100.0 * max(ex.scales)
     k2, v2 = ex.k.clone(), ex.v.clone()
     noise_k = torch.randn(ex.k.shape, generator=gen).to(ex.k.dtype) * big
@@ -71,6 +75,19 @@ def masked_kv_invariance(bound: Bound, ex: AttnExample) -> Measure:
     out = bound(ex.q, ex.k, ex.v, ex.mask)
     out2 = bound(ex.q, k2, v2, ex.mask)
     return close(out2, out, relation_allowed(bound, ex), "output after replacing masked k/v rows", rows)
+
+
+def _replaceable(keep: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """bool (B, Lk): per item, the keys that one query row (chosen at random among the rows that
+    mask some key in every head) masks in every head, so at least that row compares."""
+    masked_all_heads = ~keep.any(dim=1)  # (B, Lq, Lk): masked for this query in every head
+    replace = torch.zeros(keep.shape[0], keep.shape[-1], dtype=torch.bool)
+    for b in range(keep.shape[0]):
+        candidates = torch.nonzero(masked_all_heads[b].any(dim=-1)).flatten()  # rows with a masked key
+        if candidates.numel():
+            row = candidates[torch.randint(0, candidates.numel(), (1,), generator=gen)]
+            replace[b] = masked_all_heads[b, int(row)]
+    return replace
 
 
 def _self_attention_masked_x(bound: Bound, ex: AttnExample, replace: torch.Tensor, rows: torch.Tensor,
@@ -90,15 +107,17 @@ def _padding(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, kinds=("padding", "dead_item"), need_mask=True)
 
 
-@invariant("masked_grad_zero", strategy=_padding)
+@invariant("masked_grad_zero", strategy=_padding, needs_grads=True)
 def masked_grad_zero(bound: Bound, ex: AttnExample) -> Measure:
     """The gradient reaching k and v at keys masked for every query is exactly 0.
 
     For a key j of item b with mask[b, h, i, j] = False for all h, i:
     d(sum(out * g)) / dk[b, j] = 0 and d(...) / dv[b, j] = 0 exactly, for random g.
     """
-    keep = keep_of(ex)
+    keep = keep_of(ex, bound.conventions.causal)
     unseen = ~keep.any(dim=-2).any(dim=1)  # (B, Lk): key j masked for every head and query of item b
+    if not bool(unseen.any()):
+        return UNCHECKED
     k = ex.k.clone().requires_grad_(True)
     v = ex.v.clone().requires_grad_(True)
     q = ex.q.clone().requires_grad_(True)
@@ -120,9 +139,9 @@ def masked_grad_zero(bound: Bound, ex: AttnExample) -> Measure:
 def _dead(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.mask:
         return "the target's forward takes no mask"
-    # bypass examples_for's filter for NaN-declaring targets: these rows are the point here
-    return examples_for(Conventions(mask=conv.mask, cross_attention=conv.cross_attention),
-                        kinds=("dead_rows", "dead_item"), need_mask=True)
+    # bypass examples_for's filter for targets declaring NaN/uniform: these rows are the point here
+    return examples_for(dataclasses.replace(conv, fully_masked="zeros"), kinds=("dead_rows", "dead_item"),
+                        need_mask=True)
 
 
 @invariant("fully_masked_rows", strategy=_dead)
@@ -132,10 +151,15 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
     For rows (b, i) with mask[b, h, i, :] all False in every head h: out[b, i] = b_o (0
     without bias), never NaN; every other row stays finite. Checked on both of the target's
     paths where it has two (with and without weights); paths that disagree give a warning.
-    A target that declares NaN there is reported as "declared" when it does exactly that.
+    A target that declares another convention is "declared" when it does exactly that: NaN
+    on those rows, or "uniform" (weights 1/Lk over every key, as masking with finfo.min
+    gives), held against the float64 formula with that convention.
     """
-    dead = dead_rows(ex)  # (B, H, Lq)
+    conv = bound.conventions
+    dead = dead_rows(ex, conv.causal)  # (B, H, Lq)
     all_dead, affected = dead.all(dim=1), dead.any(dim=1)  # (B, Lq) each
+    if not bool(affected.any()):
+        return UNCHECKED
     outs = {"output": bound(ex.q, ex.k, ex.v, ex.mask).detach()}
     got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
     if got is not None:
@@ -152,18 +176,25 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
             bad = tuple(int(i) for i in torch.nonzero(~torch.isfinite(out))[0][:2])
             raise Violation(f"{path} not finite at (b, i)={bad}; a row with {'all' if bool(all_dead[bad]) else 'some'}"
                             " heads fully masked should be finite")
+        if conv.fully_masked == "uniform":
+            ref, _, same = oracle(bound, ex)
+            ensure(compare(out[affected], ref[affected], same[affected], ex.q.dtype),
+                   f"{path} of fully masked rows vs the declared uniform weights (float64)")
+            seen[path] = "uniform"
+            continue
         scale = float(expected.abs().max()) if expected.numel() else 0.0
         close(out[all_dead], expected.expand_as(out[all_dead]), 1e-6 * (1.0 + scale),
               f"{path} of a fully masked row vs w_o(0) = b_o")
         seen[path] = "b_o"
-    declared = bound.conventions.fully_masked == "nan"
-    if "NaN" in seen.values() and not declared:
-        raise Violation(f"{', '.join(p for p, v in seen.items() if v == 'NaN')} gives NaN on fully masked rows; "
-                        "should give w_o(0) = b_o")
+    declared = {"nan": "NaN", "uniform": "uniform"}.get(conv.fully_masked)
+    undeclared = [p for p, v in seen.items() if v == "NaN" and declared != "NaN"]
+    if undeclared:
+        raise Violation(f"{', '.join(undeclared)} gives NaN on fully masked rows; should give "
+                        f"{'w_o(0) = b_o' if declared is None else 'the declared ' + conv.fully_masked}")
     remark = None
     if len(set(seen.values())) > 1:
         remark = "the paths disagree on fully masked rows: " + ", ".join(f"{p} gives {v}" for p, v in seen.items())
-    return Measure(declared="NaN" in seen.values(), remark=remark)
+    return Measure(declared=declared is not None and declared in seen.values(), remark=remark)
 
 
 def _both_conventions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
@@ -180,18 +211,23 @@ def bool_equals_additive(bound: Bound, ex: AttnExample) -> Measure:
     out(q, k, v, M) = out(q, k, v, where(M, 0, -inf)) for every bool M.
     """
     keep = build_keep(ex.mask_spec, ex.sizes)
-    assert keep is not None
-    additive = torch.zeros(keep.shape, dtype=ex.q.dtype).masked_fill(~keep, -math.inf)
+    additive = additive_mask(keep, ex.q.dtype)
+    assert keep is not None and additive is not None
     out_bool = bound(ex.q, ex.k, ex.v, keep)
     out_add = bound(ex.q, ex.k, ex.v, additive)
     ex_bool = ex._replace(mask=keep)
     return close(out_add, out_bool, relation_allowed(bound, ex_bool), "additive 0/-inf mask vs bool mask")
 
 
+_BROADCAST_FORMS = ("11LL", "B1LL", "BHLL", "LL")
+
+
 def _broadcastable(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.mask:
         return "the target's forward takes no mask"
-    return examples_for(conv, kinds=_MASKED_KINDS, need_mask=True, shapes=sizes(max_batch=3))
+    if len([f for f in _BROADCAST_FORMS if f in conv.mask_forms]) < 2:
+        return f"the target accepts only the mask shapes {', '.join(sorted(conv.mask_forms))}: nothing to compare"
+    return examples_for(conv, kinds=_MASKED_KINDS, need_mask=True)
 
 
 @invariant("mask_broadcast", strategy=_broadcastable)
@@ -202,14 +238,15 @@ def mask_broadcast(bound: Bound, ex: AttnExample) -> Measure:
     out(M expanded to (B, H, Lq, Lk)) = out(M as (Lq, Lk)).
     """
     if ex.mask is None:
-        return Measure()
+        return UNCHECKED
     s = ex.sizes
+    forms = bound.conventions.mask_forms
     base = ex.mask.expand(s.mask_target())[:1, :1]  # (1, 1, Lq, Lk): item 0, head 0
-    ref = bound(ex.q, ex.k, ex.v, base)
+    shaped = {"11LL": base, "B1LL": base.expand(s.batch, 1, s.lq, s.lk),
+              "BHLL": base.expand(s.mask_target()).contiguous(), "LL": base[0, 0]}
+    present = [f for f in _BROADCAST_FORMS if f in forms]
+    ref = bound(ex.q, ex.k, ex.v, shaped[present[0]])
     allowed = relation_allowed(bound, ex._replace(mask=base))
-    m = close(bound(ex.q, ex.k, ex.v, base.expand(s.batch, 1, s.lq, s.lk)), ref, allowed,
-              "mask (B, 1, Lq, Lk) vs (1, 1, Lq, Lk)")
-    close(bound(ex.q, ex.k, ex.v, base.expand(s.mask_target()).contiguous()), ref, allowed,
-          "mask (B, H, Lq, Lk) vs (1, 1, Lq, Lk)")
-    close(bound(ex.q, ex.k, ex.v, base[0, 0]), ref, allowed, "mask (Lq, Lk) vs (1, 1, Lq, Lk)")
-    return m
+    measures = [close(bound(ex.q, ex.k, ex.v, shaped[f]), ref, allowed,
+                      f"mask {tuple(shaped[f].shape)} vs {tuple(shaped[present[0]].shape)}") for f in present[1:]]
+    return worst(*measures)

@@ -10,7 +10,8 @@ import torch
 from hypothesis import strategies as st
 
 from properties.adapters import Conventions
-from properties.checks import CheckFn, examples_for
+from properties.applicable import examples_for
+from properties.measure import CheckFn
 from properties.strategies import AttnExample
 
 StrategyFn = Callable[[Conventions], "st.SearchStrategy[AttnExample] | str"]
@@ -28,6 +29,21 @@ class Property:
     check: CheckFn
     strategy: StrategyFn
     dtype: torch.dtype = torch.float32
+    needs_grads: bool = False  # n/a for targets that declare grads=False (an onnxruntime session)
+    needs_dropout: bool = False  # n/a for targets that declare dropout=False
+    causal_forbids: str | None = None  # why causality forbids it (n/a for causal targets), or None
+
+    def not_applicable(self, conv: Conventions) -> str | None:
+        """Why this property cannot apply to a target of these conventions, decided before the run."""
+        if self.needs_grads and not conv.grads:
+            return "the target declares no gradients (e.g. an onnxruntime session)"
+        if self.needs_dropout and not conv.dropout:
+            return "the target declares no dropout to control"
+        if self.causal_forbids and conv.causal:
+            return f"the target is causal: {self.causal_forbids}"
+        if self.dtype == torch.float64 and conv.dtype is not None and conv.dtype != torch.float64:
+            return f"it runs in float64, and the target computes in {str(conv.dtype).replace('torch.', '')} only"
+        return None
 
     @property
     def doc(self) -> str:
@@ -41,14 +57,20 @@ class Property:
 PROPERTIES: dict[str, Property] = {}
 
 
-def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype = torch.float32
+def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype = torch.float32, *,
+              needs_grads: bool = False, needs_dropout: bool = False, causal_forbids: str | None = None,
               ) -> Callable[[CheckFn], CheckFn]:
-    """Register ``check`` as the property ``name`` (default examples: :func:`examples_for`)."""
+    """Register ``check`` as the property ``name`` (default examples: :func:`examples_for`).
+
+    ``needs_grads``, ``needs_dropout`` and ``causal_forbids`` declare when the property
+    cannot apply, so the runner decides it from the target's conventions before running.
+    """
 
     def register(check: CheckFn) -> CheckFn:
         if name in PROPERTIES:
             raise ValueError(f"property {name!r} is registered twice")
-        PROPERTIES[name] = Property(name, check, strategy or (lambda conv: examples_for(conv, dtype=dtype)), dtype)
+        PROPERTIES[name] = Property(name, check, strategy or (lambda conv: examples_for(conv, dtype=dtype)), dtype,
+                                    needs_grads, needs_dropout, causal_forbids)
         return check
 
     return register

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import torch
 from hypothesis import HealthCheck, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
 from hypothesis.errors import Unsatisfiable
 
-from properties.adapters import NotApplicable
-from properties.checks import Measure, Violation
+from properties.adapters import Conventions, NotApplicable
+from properties.measure import Measure, Violation
 from properties.registry import Property, all_properties
 from properties.results import CheckResult
 from properties.strategies import AttnExample
@@ -21,20 +24,27 @@ from properties.targets import Target, TargetError
 
 @dataclass
 class _Stats:
-    examples: int = 0
+    checked: int = 0  # examples that compared something
+    unchecked: int = 0  # examples that compared nothing (not counted as passes)
+    unchecked_why: dict[str, int] = field(default_factory=dict)
     worst: Measure = field(default_factory=Measure)
     declared: bool = False
     remarks: list[str] = field(default_factory=list)
-    not_applicable: str | None = None
     failure: str | None = None
     failing_example: AttnExample | None = None
-    ratios: list[float] = field(default_factory=list)  # error / allowed, per passing example
+    failing_ratio: float | str | None = None
+    ratios: list[float | str] = field(default_factory=list)  # error / allowed, per checked example
 
 
 def _ratio(m: Measure) -> float:
     if m.allowed > 0:
         return m.error / m.allowed
     return 0.0 if m.error == 0 else float("inf")
+
+
+def _json_ratio(x: float) -> float | str:
+    """A ratio for the report: 4 significant digits, or "inf"/"nan" (JSON has neither)."""
+    return float(f"{x:.4g}") if math.isfinite(x) else str(x)
 
 
 def _summary(exc: BaseException) -> str:
@@ -44,35 +54,71 @@ def _summary(exc: BaseException) -> str:
     return f"the target raised {type(exc).__name__}: {first[:300]}"
 
 
+def check_floor(settings: Settings) -> int:
+    """Fewest checked examples for a verdict of pass: a fifth of the profile's examples (at least 1).
+
+    A property that compared something on fewer examples than this is a warning: its pass
+    would rest on too little.
+    """
+    return max(1, math.ceil(settings.max_examples / 5))
+
+
+def effective_dtype(prop: Property, conv: Conventions, dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype a property runs in: the target's fixed dtype, else the property's own float64
+    (gradcheck), else ``dtype`` (``check --dtype``), else float32."""
+    if conv.dtype is not None:
+        return conv.dtype
+    if prop.dtype == torch.float64 or dtype is None:
+        return prop.dtype
+    return dtype
+
+
 def run_property(
     prop: Property, target: Target, *, settings: Settings, seed: int | None = None,
-    replay: str | None = None,
+    replay: str | None = None, dtype: torch.dtype | None = None,
 ) -> CheckResult:
-    """Run one property against ``target`` under ``settings``; never raises for target failures."""
+    """Run one property against ``target`` under ``settings``; never raises for target failures.
+
+    Whether the property applies is decided before the run, from the target's conventions.
+    Only examples that compared something count; a property that checked fewer than
+    :func:`check_floor` examples is a warning with the reason.
+    """
     start = time.perf_counter()
-    probe = target.build(8, 2, dtype=prop.dtype)
-    strategy = prop.strategy(probe.conventions)
+    probe = target.build(*getattr(target, "probe_sizes", (8, 2)), dtype=prop.dtype if dtype is None else dtype)
+    conv = probe.conventions
+    run_dtype = effective_dtype(prop, conv, dtype)
+    conventions = conv.describe()
+    reason = prop.not_applicable(conv)
+    strategy = reason or prop.strategy(dataclasses.replace(conv, dtype=run_dtype))
     if isinstance(strategy, str):
-        return CheckResult(prop.name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start)
+        return CheckResult(prop.name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start,
+                           details={"conventions": conventions})
     stats = _Stats()
 
     def body(ex: AttnExample) -> None:
-        if stats.not_applicable:
-            return
         s = ex.sizes
-        bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=prop.dtype)
+        bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)
         try:
             measure = prop.check(bound, ex)
-        except NotApplicable as exc:
-            stats.not_applicable = str(exc)
+        except NotApplicable as exc:  # the target could not take this one call: nothing compared
+            why = str(exc)
+            stats.unchecked += 1
+            stats.unchecked_why[why] = stats.unchecked_why.get(why, 0) + 1
             return
         except Exception as exc:
             stats.failure, stats.failing_example = _summary(exc), ex
             if isinstance(exc, Violation):
-                stats.worst = max(stats.worst, Measure(exc.error, exc.allowed), key=_ratio)
+                failing = Measure(exc.error, exc.allowed)
+                stats.worst = max(stats.worst, failing, key=_ratio)
+                stats.failing_ratio = _json_ratio(_ratio(failing))
+            else:
+                stats.failing_ratio = "nan"
             raise
-        stats.examples += 1
-        stats.ratios.append(float(f"{_ratio(measure):.4g}"))
+        if not measure.checked:
+            stats.unchecked += 1
+            return
+        stats.checked += 1
+        stats.ratios.append(_json_ratio(_ratio(measure)))
         stats.declared |= measure.declared
         if measure.remark and len(stats.remarks) < 3 and measure.remark.split(":")[0] not in {
                 r.split(":")[0] for r in stats.remarks}:
@@ -100,46 +146,54 @@ def run_property(
         error = exc
     seconds = time.perf_counter() - start
     worst = stats.worst
-    common = dict(examples=stats.examples, seconds=seconds, worst_error=worst.error, allowed=worst.allowed,
-                  details={"error_ratios": stats.ratios})
-    if stats.not_applicable and stats.failure is None:
-        return CheckResult(prop.name, "properties", "n/a", reason=stats.not_applicable, seconds=seconds)
+    ratios = stats.ratios + ([stats.failing_ratio] if stats.failing_ratio is not None else [])
+    details: dict[str, object] = {"error_ratios": ratios, "checked": stats.checked, "unchecked": stats.unchecked,
+                                  "conventions": conventions}
+    if run_dtype != torch.float32:
+        details["dtype"] = str(run_dtype).replace("torch.", "")
+    common = dict(examples=stats.checked, seconds=seconds, worst_error=worst.error, allowed=worst.allowed,
+                  details=details)
     if error is not None:
         if isinstance(error, Unsatisfiable) and stats.failure is None:
-            return CheckResult(prop.name, "properties", "n/a", reason="no example satisfied the target's conventions",
-                               seconds=seconds)
+            return CheckResult(prop.name, "properties", "warn", seconds=seconds, details=details,
+                               reason="no generated example satisfied the target's conventions: nothing checked")
         ex = stats.failing_example
         notes = [n for n in getattr(error, "__notes__", []) if "reproduce_failure" in n or "@seed" in n]
-        details = common["details"]
-        assert isinstance(details, dict)
         if notes:
             details["hypothesis"] = notes
         if ex is not None:
-            details["heatmap"] = heatmap(target, prop, ex)
+            details["heatmap"] = heatmap(target, prop, ex, run_dtype)
         return CheckResult(
             prop.name, "properties", "fail", **common,  # type: ignore[arg-type]
             counterexample=None if ex is None else ex.describe(),
             reason=stats.failure or _summary(error), replay=replay,
         )
+    floor = check_floor(settings)
+    if stats.checked < floor:
+        drawn = stats.checked + stats.unchecked
+        why = "; ".join(f"{w} ({n}x)" for w, n in stats.unchecked_why.items())
+        return CheckResult(prop.name, "properties", "warn", **common,  # type: ignore[arg-type]
+                           reason=f"checked something on only {stats.checked} of {drawn} examples "
+                                  f"(floor {floor}){': ' + why if why else ''}")
     if stats.remarks:
         reason = "; ".join(stats.remarks)
         if stats.declared:
-            reason += " (NaN as the target declares)"
+            reason += f" ({conv.fully_masked} as the target declares)"
         return CheckResult(prop.name, "properties", "warn", reason=reason, **common)  # type: ignore[arg-type]
     if stats.declared:
-        declared = probe.conventions.fully_masked
         return CheckResult(prop.name, "properties", "declared", **common,  # type: ignore[arg-type]
-                           reason=f"the target declares fully masked rows give {declared} and behaves as declared")
+                           reason=f"the target declares fully masked rows give {conv.fully_masked} and behaves as "
+                                  "declared")
     return CheckResult(prop.name, "properties", "pass", **common)  # type: ignore[arg-type]
 
 
-def heatmap(target: Target, prop: Property, ex: AttnExample) -> dict[str, object]:
+def heatmap(target: Target, prop: Property, ex: AttnExample, dtype: torch.dtype) -> dict[str, object]:
     """Attention weights of item 0 of a counterexample, (H, Lq, Lk), for the HTML report.
 
     The target's own weights where it returns them, else the float64 formula's with the
     target's projection weights (``source`` says which).
     """
-    bound = target.build(ex.sizes.d_model, ex.sizes.n_head, seed=ex.seed, dtype=prop.dtype)
+    bound = target.build(ex.sizes.d_model, ex.sizes.n_head, seed=ex.seed, dtype=dtype)
     source = "target"
     try:
         got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
@@ -148,9 +202,11 @@ def heatmap(target: Target, prop: Property, ex: AttnExample) -> dict[str, object
     if got is None:
         from mha.reference import multi_head
 
-        got = multi_head(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask)
+        conv = bound.conventions
+        got = multi_head(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, causal=conv.causal,
+                         fully_masked=conv.fully_masked)
         source = "float64 oracle with the target's weights"
-    weights = got[1].detach().double()[0]
+    weights = got[1].detach().double()[0][:, :32, :32]  # (H, Lq, Lk), at most 32 x 32 per head
     return {"source": source, "weights": [[[float(f"{x:.4g}") for x in row] for row in head] for head in weights]}
 
 

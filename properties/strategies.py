@@ -20,14 +20,22 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
+from mha.masks import additive_mask, causal_keep, kept_fraction
+
 # Mask structures; the first shrinks best.
 MASK_KINDS = ("none", "all_keep", "random", "padding", "causal", "dead_rows", "dead_item")
 # Mask shapes, all broadcasting to (B, H, Lq, Lk).
-MASK_FORMS = ("B1LL", "11LL", "LL", "BHLL")
-# bool keep-mask, additive float 0/-inf, additive float with finite biases on kept keys.
-MASK_CONVENTIONS = ("bool", "float", "float_bias")
+MASK_FORMS = ("B1LL", "11LL", "LL", "BHLL", "B11L")
+# bool keep-mask; additive float 0/-inf; additive float with finite biases on kept keys;
+# additive float that "removes" keys with a finite large negative (finfo.min, -1e9, -1e4), as HF
+# transformers and fairseq write masks: by the contract a finite value is a bias, applied exactly.
+MASK_CONVENTIONS = ("bool", "float", "float_bias", "float_large")
+# Block sizes of tiled kernels and chunked loops: lengths land on them, one off, and past them.
+BOUNDARIES = (16, 32, 64, 128, 256)
 # Per-item magnitudes of q, k and v: 1e3 overflows exp() in a softmax without max-subtraction.
 MAGNITUDES = (1.0, 1e-3, 1e-2, 0.1, 10.0, 100.0, 1e3)
+# float16 overflows (65504) on the scores of items of magnitude 100 and more.
+FLOAT16_MAGNITUDES = (1.0, 1e-3, 1e-2, 0.1, 10.0)
 
 
 class Sizes(NamedTuple):
@@ -77,8 +85,8 @@ class AttnExample(NamedTuple):
         """A one-line, human-readable summary of this example (for counterexamples)."""
         s = self.sizes
         m = "no mask" if self.mask is None else (
-            f"mask {self.mask_spec.kind} {self.mask_spec.convention} shape={tuple(self.mask.shape)}"
-            f" ({_keep_fraction(self.mask):.0%} kept)"
+            f"mask {self.mask_spec.kind} {self.mask_spec.convention}{_large(self.mask)} shape={tuple(self.mask.shape)}"
+            f" ({kept_fraction(self.mask):.0%} kept)"
         )
         return (
             f"B={s.batch} Lq={s.lq} Lk={s.lk} D={s.d_model} H={s.n_head} (Hd={s.head_dim}), "
@@ -87,9 +95,12 @@ class AttnExample(NamedTuple):
         )
 
 
-def _keep_fraction(mask: torch.Tensor) -> float:
-    keep = mask if mask.dtype == torch.bool else mask > -math.inf
-    return float(keep.float().mean()) if keep.numel() else 1.0
+def _large(mask: torch.Tensor) -> str:
+    """' (-1e+09)' for a mask that removes keys with a finite large negative, else ''."""
+    if mask.dtype == torch.bool:
+        return ""
+    low = float(mask.min()) if mask.numel() else 0.0
+    return f" ({low:.3g})" if -math.inf < low <= -1e4 else ""
 
 
 def _check_positive(**kwargs: int) -> None:
@@ -99,21 +110,70 @@ def _check_positive(**kwargs: int) -> None:
 
 
 def sizes(
-    *, max_batch: int = 3, max_len: int = 6, max_heads: int = 4, max_head_dim: int = 64
+    *, max_batch: int = 9, max_len: int = 300, max_heads: int = 16, max_head_dim: int = 128,
+    max_d_model: int = 1024, min_batch: int = 1, min_len: int = 1, fixed: tuple[int, int] | None = None,
 ) -> st.SearchStrategy[Sizes]:
-    """Sizes with D = H * Hd, Hd in [1, max_head_dim], and Lq, Lk drawn independently.
+    """Sizes with D = H * Hd and Lq, Lk drawn independently, reaching past real block boundaries.
 
-    Lk is drawn as "equal to Lq", "1" or "any" so that all three cases are common.
+    Most examples are small (cheap, and they shrink well); the rest each push one axis past
+    the sizes where tiled kernels and chunked loops change behaviour, keeping the others small:
+
+    * ``long``: Lq and/or Lk on a block size of :data:`BOUNDARIES` (16 .. 256), one off
+      either side, or with an odd remainder;
+    * ``wide``: up to 16 heads and head widths up to 128 (D up to ``max_d_model``);
+    * ``batch``: up to ``max_batch`` items.
+
+    Lk = 1 (softmax identically 1: q, k and the scale cannot matter) is kept rare, ~10 %.
+    ``fixed=(d_model, n_head)`` pins D and H (an exported model); ``min_batch``/``min_len``
+    keep examples where a property compares something (permutations need 2 positions).
     """
-    _check_positive(max_batch=max_batch, max_len=max_len, max_heads=max_heads, max_head_dim=max_head_dim)
+    _check_positive(max_batch=max_batch, max_len=max_len, max_heads=max_heads, max_head_dim=max_head_dim,
+                    max_d_model=max_d_model, min_batch=min_batch, min_len=min_len)
+    if min_batch > max_batch or min_len > max_len:
+        raise ValueError(f"min_batch={min_batch}, min_len={min_len} must not exceed max_batch={max_batch}, "
+                         f"max_len={max_len}")
+    if fixed is not None:
+        d_fixed, h_fixed = fixed
+        _check_positive(d_model=d_fixed, n_head=h_fixed)
+        if d_fixed % h_fixed:
+            raise ValueError(f"fixed d_model={d_fixed} is not divisible by n_head={h_fixed}")
+    small_len = min(8, max_len)
+
+    def clamp(n: int) -> int:
+        return max(min_len, min(max_len, n))
+
+    def long_len(draw: st.DrawFn) -> int:
+        base = draw(st.sampled_from([b for b in BOUNDARIES if b <= max_len] or [max_len]))
+        offset = draw(st.sampled_from((0, 1, -1, 3, base // 2 + 1)))  # on, past, before, odd remainders
+        return clamp(base + offset)
 
     @st.composite
     def draw_sizes(draw: st.DrawFn) -> Sizes:
-        batch = draw(st.integers(1, max_batch))
-        lq = draw(st.integers(1, max_len))
-        lk = draw(st.one_of(st.just(lq), st.just(1), st.integers(1, max_len)))
-        n_head = draw(st.integers(1, max_heads))
-        head_dim = draw(st.one_of(st.integers(1, min(8, max_head_dim)), st.integers(1, max_head_dim)))
+        regime = draw(st.sampled_from(("small", "small", "small", "long", "long", "wide", "batch")))
+        batch = draw(st.integers(min_batch, min(max_batch, max(min_batch, 3 if regime != "batch" else max_batch))))
+        if regime == "batch":
+            batch = max(batch, min(max_batch, 5))
+        lq = long_len(draw) if regime == "long" else draw(st.integers(min_len, max(min_len, small_len)))
+        lk_mode = draw(st.sampled_from(("same", "other", "same", "other", "same", "other", "long",
+                                        "other", "same", "one")))
+        if lk_mode == "same":
+            lk = lq
+        elif lk_mode == "one":
+            lk = clamp(1)
+        elif lk_mode == "long" and regime == "long":
+            lk = long_len(draw)
+        else:
+            lk = draw(st.integers(max(min_len, 2), max(min_len, 2, small_len)))
+        if fixed is not None:
+            return Sizes(batch, lq, lk, fixed[0], fixed[1])
+        if regime == "wide":
+            n_head = draw(st.sampled_from([h for h in (4, 8, 16, 1, 2) if h <= max_heads] or [1]))
+            head_dim = draw(st.sampled_from([w for w in (32, 64, 128, 16) if w <= max_head_dim] or [max_head_dim]))
+            while n_head * head_dim > max_d_model and head_dim > 1:
+                head_dim //= 2
+        else:
+            n_head = draw(st.integers(1, min(4, max_heads)))
+            head_dim = draw(st.integers(1, min(8, max_head_dim)))
         return Sizes(batch, lq, lk, n_head * head_dim, n_head)
 
     return draw_sizes()
@@ -143,38 +203,44 @@ def _form_shape(form: str, s: Sizes) -> tuple[int, ...]:
         "B1LL": (s.batch, 1, s.lq, s.lk),
         "11LL": (1, 1, s.lq, s.lk),
         "LL": (s.lq, s.lk),
+        "B11L": (s.batch, 1, 1, s.lk),  # key padding: one row of keys per item, shared by every query
     }[form]
 
 
 def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
-    """The bool keep-mask (True = may attend) that ``spec`` describes, in the shape of its form."""
+    """The bool keep-mask (True = may attend) that ``spec`` describes, in the shape of its form.
+
+    Masks with a batch axis differ per item. A key-padding form (B, 1, 1, Lk) has no query
+    axis, so a causal structure there becomes padding and dead rows become a dead item.
+    """
     if spec.kind == "none":
         return None
     shape = _form_shape(spec.form, s)
     gen = torch.Generator().manual_seed(spec.seed)
-    rows = torch.arange(s.lq).unsqueeze(-1)  # (Lq, 1)
-    cols = torch.arange(s.lk)  # (Lk,)
-    if spec.kind == "all_keep":
+    kind = "padding" if spec.kind == "causal" and spec.form == "B11L" else spec.kind
+    if kind == "all_keep":
         keep = torch.ones(shape, dtype=torch.bool)
-    elif spec.kind == "random":
+    elif kind == "random":
         keep = torch.rand(shape, generator=gen) < 0.6
-    elif spec.kind == "padding":
-        # per item (where the form has a batch axis): keys at and past the item's length are padding
+    elif kind == "padding":
+        # per item (where the form has a batch axis): keys at and past the item's length are padding;
+        # the first item always has at least one padded key when Lk > 1
         n_items = shape[0] if len(shape) == 4 else 1
         lengths = torch.randint(1, s.lk + 1, (n_items,), generator=gen)  # (n_items,)
-        keep = (cols < lengths.view(-1, 1, 1, 1)).expand(n_items, shape[-3] if len(shape) == 4 else 1, s.lq, s.lk)
-        keep = keep.reshape(shape) if len(shape) == 4 else keep[0, 0]
-    elif spec.kind == "causal":
-        keep = (cols <= rows).expand(shape)
-    elif spec.kind == "dead_rows":
+        lengths[0] = min(int(lengths[0]), max(1, s.lk - 1))
+        keep = (torch.arange(s.lk) < lengths.view(-1, 1, 1, 1))  # (n_items, 1, 1, Lk)
+        keep = keep.expand(n_items, *shape[-3:]) if len(shape) == 4 else keep[0, 0].expand(shape)
+    elif kind == "causal":
+        keep = causal_keep(s.lq, s.lk).expand(shape)
+    elif kind == "dead_rows":
         keep = torch.rand(shape, generator=gen) < 0.6
         dead = torch.rand(shape[:-1], generator=gen) < 0.4  # (..., Lq)
-        dead.view(-1)[torch.randint(0, dead.numel(), (1,), generator=gen)] = True  # at least one dead row
+        dead.view(-1)[torch.randint(0, dead.numel(), (1,), generator=gen)] = True  # at least one fully masked row
         keep = keep & ~dead.unsqueeze(-1)
-    elif spec.kind == "dead_item":
+    elif kind == "dead_item":
         keep = torch.rand(shape, generator=gen) < 0.6
         if len(shape) == 4:
-            keep[torch.randint(0, shape[0], (1,), generator=gen)] = False  # one item sees no key at all
+            keep[torch.randint(0, shape[0], (1,), generator=gen)] = False  # one item sees no key, next to live ones
         else:
             keep[:] = False  # no batch axis: every item is the dead item
     else:
@@ -182,12 +248,25 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
     return keep.contiguous()
 
 
+# finite large negatives that layers use to remove keys; drawn per mask from its seed
+LARGE_NEGATIVES = ("finfo.min", -1e9, -1e4)
+
+
 def build_mask(spec: MaskSpec, s: Sizes, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-    """The mask that ``spec`` describes, in its convention: bool, or additive float of ``dtype``."""
+    """The mask that ``spec`` describes, in its convention: bool, or additive float of ``dtype``.
+
+    "float": 0 / -inf; "float_bias": 0 / -inf plus N(0, 1) biases; "float_large": 0 / a
+    finite large negative (``torch.finfo(dtype).min``, -1e9 or -1e4), a bias by the contract.
+    """
     keep = build_keep(spec, s)
     if keep is None or spec.convention == "bool":
         return keep
-    additive = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, -math.inf)
+    if spec.convention == "float_large":
+        choice = LARGE_NEGATIVES[spec.seed % len(LARGE_NEGATIVES)]
+        big = torch.finfo(dtype).min if choice == "finfo.min" else max(float(choice), torch.finfo(dtype).min)
+        return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, big)
+    additive = additive_mask(keep, dtype)
+    assert additive is not None
     if spec.convention == "float_bias":
         gen = torch.Generator().manual_seed(spec.seed + 1)
         additive = additive + torch.randn(keep.shape, generator=gen).to(dtype)
@@ -207,24 +286,33 @@ def attention_examples(
     masks: st.SearchStrategy[MaskSpec] | None = None,
     scales: st.SearchStrategy[float] | None = None,
     dtype: torch.dtype = torch.float32,
+    mixed_scales: bool = False,
 ) -> st.SearchStrategy[AttnExample]:
     """Inputs for a multi-head attention layer: q, k, v and a mask, with k and v distinct.
 
     ``shapes`` defaults to :func:`sizes`, ``masks`` to :func:`mask_specs` and ``scales`` to
-    :func:`magnitudes`. Each batch item gets its own magnitude, so items of very different
-    scales meet in one batch.
+    :func:`magnitudes` (for float16, whose scores overflow at 65504, magnitudes up to 10).
+    Each batch item gets its own magnitude; with ``mixed_scales`` every batch of two or more
+    items holds one item at 1e-3 and one at 1e3, side by side.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got dtype={dtype!r}")
     size_st = sizes() if shapes is None else shapes
     mask_st = mask_specs() if masks is None else masks
-    scale_st = magnitudes() if scales is None else scales
+    if scales is None:
+        scales = magnitudes(values=FLOAT16_MAGNITUDES) if dtype == torch.float16 else magnitudes()
+    scale_st = scales
 
     @st.composite
     def draw_example(draw: st.DrawFn) -> AttnExample:
         s = draw(size_st)
         spec = draw(mask_st)
         item_scales = tuple(draw(st.lists(scale_st, min_size=s.batch, max_size=s.batch)))
+        if mixed_scales and s.batch >= 2:
+            small, large = draw(st.permutations(range(s.batch)))[:2]
+            extremes = (1e-3, 1e3) if dtype != torch.float16 else (1e-3, 10.0)
+            item_scales = tuple(extremes[0] if i == small else extremes[1] if i == large else x
+                                for i, x in enumerate(item_scales))
         seed = draw(st.integers(0, 2**16))
         return make_example(s, spec, item_scales, seed, dtype)
 

@@ -1,0 +1,101 @@
+"""Which examples a target can take, decided from its conventions before a property runs, and
+the keep-mask views of an example that properties compare on."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from mha.masks import causal_keep, full_keep
+from properties.adapters import Conventions
+from properties.strategies import (
+    MASK_FORMS,
+    MASK_KINDS,
+    AttnExample,
+    MaskSpec,
+    Sizes,
+    attention_examples,
+    mask_specs,
+    sizes,
+)
+
+# mask kinds a causal target's own mask cannot contradict usefully are still drawn: the target
+# ANDs them with its causal mask, and the oracle does the same.
+
+
+def keep_of(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+    """The example's keep-mask expanded to (B, H, Lq, Lk), with the target's causality applied."""
+    keep = full_keep(ex.mask, ex.sizes.mask_target())
+    if causal:
+        keep = keep & causal_keep(ex.sizes.lq, ex.sizes.lk)
+    return keep
+
+
+def dead_rows(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+    """bool (B, H, Lq): fully masked query rows of each head (every key removed)."""
+    return ~keep_of(ex, causal).any(dim=-1)
+
+
+def clean_rows(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+    """bool (B, Lq): output rows with no fully masked head row (comparable under any convention)."""
+    return ~dead_rows(ex, causal).any(dim=1)
+
+
+def _mask_conventions(conv: Conventions, removal: bool) -> tuple[str, ...]:
+    """The mask conventions to draw. ``removal``: only those that remove keys (a finite large
+    negative is a bias by the contract, so it removes nothing)."""
+    out: list[str] = []
+    if "bool" in conv.mask:
+        out.append("bool")
+    if "float" in conv.mask:
+        out += ["float", "float_bias"] + ([] if removal else ["float_large"])
+    return tuple(out)
+
+
+def examples_for(
+    conv: Conventions,
+    *,
+    kinds: tuple[str, ...] = MASK_KINDS,
+    shapes: st.SearchStrategy[Sizes] | None = None,
+    scales: st.SearchStrategy[float] | None = None,
+    dtype: torch.dtype = torch.float32,
+    need_mask: bool = False,
+    min_batch: int = 1,
+    min_len: int = 1,
+    mixed_scales: bool = False,
+) -> st.SearchStrategy[AttnExample] | str:
+    """Examples the target can take, or the reason (a str) why the property cannot apply.
+
+    Self-attention-only targets get q = k = v; targets without a mask get no mask; masks
+    come only in the types and shapes the target accepts (``conv.mask``, ``conv.mask_forms``);
+    ``need_mask`` properties (about removed keys) get masks that remove keys;
+    a target of fixed sizes or dtype gets only those. Targets that declare something other
+    than zeros on fully masked rows get examples without such rows (the
+    ``fully_masked_rows`` property checks their declaration separately).
+    """
+    conventions = _mask_conventions(conv, removal=need_mask)
+    if not conventions:
+        if need_mask:
+            return "the target's forward takes no mask"
+        kinds = ("none",)
+    elif need_mask:
+        kinds = tuple(k for k in kinds if k != "none")
+    forms = tuple(f for f in MASK_FORMS if f in conv.mask_forms)
+    if not forms:
+        if need_mask:
+            return "the target accepts no mask shape we generate"
+        kinds = ("none",)
+        forms = MASK_FORMS
+    if conv.dtype is not None:
+        dtype = conv.dtype
+    if shapes is None:
+        shapes = sizes(fixed=conv.sizes, min_batch=min_batch, min_len=min_len)
+    if not conv.cross_attention:
+        shapes = shapes.map(lambda s: s._replace(lk=s.lq))
+    masks: st.SearchStrategy[MaskSpec] = mask_specs(kinds=kinds, forms=forms, conventions=conventions or ("bool",))
+    strategy = attention_examples(shapes=shapes, masks=masks, scales=scales, dtype=dtype, mixed_scales=mixed_scales)
+    if not conv.cross_attention:
+        strategy = strategy.map(lambda ex: ex._replace(k=ex.q, v=ex.q))
+    if conv.fully_masked != "zeros":
+        strategy = strategy.filter(lambda ex: not bool(dead_rows(ex, conv.causal).any()))
+    return strategy

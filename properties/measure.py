@@ -1,0 +1,117 @@
+"""What one example measured: Measure and Violation, and the comparisons that produce them
+(against the float64 oracle with the derived tolerance, or between two outputs of the target)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mha.reference import multi_head
+from mha.tolerance import Comparison, compare, tolerance_for
+from properties.strategies import AttnExample
+from properties.targets import Bound
+
+
+@dataclass(frozen=True)
+class Measure:
+    """What one example measured: the error and the error allowed (0/0 for exact checks).
+
+    ``checked`` is False for an example that compared nothing (no row to compare, no masked
+    key, a permutation of one position, a tolerance that is not finite): it is not a pass and
+    is not counted. ``declared`` marks an example where the target behaved as it declared
+    rather than as the contract says (e.g. NaN on fully masked rows); ``remark`` carries a
+    warning.
+    """
+
+    error: float = 0.0
+    allowed: float = 0.0
+    declared: bool = False
+    remark: str | None = None
+    checked: bool = True
+
+
+UNCHECKED = Measure(checked=False)
+
+
+class Violation(AssertionError):  # noqa: N818 -- a verdict, not an error
+    """An invariant does not hold; the message says what was expected and what came."""
+
+    def __init__(self, message: str, error: float = math.inf, allowed: float = 0.0) -> None:
+        super().__init__(message)
+        self.error = error
+        self.allowed = allowed
+
+
+def ensure(comparison: Comparison, what: str) -> Measure:
+    """Measure from a Comparison, raising a Violation that names ``what`` if it failed.
+
+    A comparison whose allowance is not finite (the same-precision formula itself overflowed)
+    checked nothing.
+    """
+    __tracebackhide__ = True
+    if not math.isfinite(comparison.allowed):
+        return UNCHECKED
+    if not comparison.ok:
+        raise Violation(f"{what}: {comparison}", comparison.error, comparison.allowed)
+    return Measure(comparison.error, comparison.allowed)
+
+
+def oracle(bound: Bound, ex: AttnExample, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
+           v: torch.Tensor | None = None, mask: torch.Tensor | str | None = "same"
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(oracle output (float64), oracle weights (float64), same-precision output) with the target's
+    weights, applying the target's causality and fully-masked convention."""
+    q = ex.q if q is None else q
+    k = ex.k if k is None else k
+    v = ex.v if v is None else v
+    m = ex.mask if isinstance(mask, str) else mask
+    params = bound.params()
+    conv = bound.conventions
+    ref, ref_w = multi_head(q, k, v, params, bound.n_head, m, causal=conv.causal, fully_masked=conv.fully_masked)
+    same, _ = multi_head(q, k, v, params, bound.n_head, m, dtype=q.dtype, causal=conv.causal,
+                         fully_masked=conv.fully_masked)
+    return ref, ref_w, same
+
+
+def relation_allowed(bound: Bound, ex: AttnExample) -> float:
+    """Tolerance for a relation between two outputs of the target (e.g. permuted vs not).
+
+    Each side may stray from the oracle by the derived tolerance, so their difference may be
+    up to twice that.
+    """
+    ref, _, same = oracle(bound, ex)
+    c = compare(same, ref, same, ex.q.dtype)
+    return 2.0 * tolerance_for(ex.q.dtype).allowed(c.ref_error, c.scale)
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, allowed: float, what: str,
+          rows: torch.Tensor | None = None) -> Measure:
+    """max|actual - expected| <= allowed (over ``rows`` (B, Lq) if given), else a Violation.
+
+    No row to compare, or an allowance that is not finite, checked nothing.
+    """
+    __tracebackhide__ = True
+    a, e = actual.detach().double(), expected.detach().double()
+    if rows is not None:
+        a, e = a[rows], e[rows]
+    if a.numel() == 0 or not math.isfinite(allowed):
+        return UNCHECKED
+    diff = (a - e).abs()
+    error = float(diff.max()) if bool(torch.isfinite(diff).all()) else math.inf
+    if error > allowed:
+        raise Violation(f"{what}: max difference {error:.3g} > allowed {allowed:.3g}", error, allowed)
+    return Measure(error, allowed)
+
+
+def worst(*measures: Measure) -> Measure:
+    """The measure that used most of its allowance among those that checked something."""
+    checked = [m for m in measures if m.checked]
+    if not checked:
+        return UNCHECKED
+    return max(checked, key=lambda m: m.error / m.allowed if m.allowed > 0 else (0.0 if m.error == 0 else math.inf))
+
+
+CheckFn = Callable[[Bound, AttnExample], Measure]
