@@ -27,10 +27,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
 
-from mha.reference import multi_head
 from mha.tolerance import tolerance_for
 from properties.adapters import NotApplicable
-from properties.checks import Violation, clean_rows
+from properties.applicable import clean_rows
+from properties.measure import Violation, oracle
 from properties.registry import all_properties
 from properties.results import CheckResult
 from properties.strategies import AttnExample
@@ -54,7 +54,6 @@ def differential_check(ort_bound: Bound, eager: Bound, *, settings: Settings, se
     strategy = all_properties()["oracle_agreement"].strategy(conv)
     if isinstance(strategy, str):
         return CheckResult(NAME, stage, "n/a", reason=strategy)
-    params = eager.params()
     nan_rows = conv.fully_masked != "zeros" or eager.conventions.fully_masked != "zeros"
     state: dict[str, object] = {"n": 0, "worst": (0.0, 0.0), "fail": None}
 
@@ -65,13 +64,12 @@ def differential_check(ort_bound: Bound, eager: Bound, *, settings: Settings, se
                 want = eager(ex.q, ex.k, ex.v, ex.mask)
         except NotApplicable:
             return
-        oracle, _ = multi_head(ex.q, ex.k, ex.v, params, eager.n_head, ex.mask)
-        same, _ = multi_head(ex.q, ex.k, ex.v, params, eager.n_head, ex.mask, dtype=ex.q.dtype)
+        ref, _, same = oracle(eager, ex)  # float64 and same-precision formula with the eager weights
         rows = clean_rows(ex) if nan_rows else None
         if rows is not None:
-            got, want, oracle, same = got[rows], want[rows], oracle[rows], same[rows]
-        scale = float(oracle.abs().max()) if oracle.numel() else 0.0
-        one = tolerance_for(ex.q.dtype).allowed(_max_abs(same, oracle), scale)
+            got, want, ref, same = got[rows], want[rows], ref[rows], same[rows]
+        scale = float(ref.abs().max()) if ref.numel() else 0.0
+        one = tolerance_for(ex.q.dtype).allowed(_max_abs(same, ref), scale)
         allowed = 2 * one
         diff = _max_abs(got, want)
         state["n"] = int(state["n"]) + 1  # type: ignore[call-overload]
@@ -80,7 +78,7 @@ def differential_check(ort_bound: Bound, eager: Bound, *, settings: Settings, se
         if allowed == 0 or diff / allowed >= (worst[0] / worst[1] if worst[1] else 0.0):
             state["worst"] = (diff, allowed)
         if not diff <= allowed:
-            e_ort, e_eager = _max_abs(got, oracle), _max_abs(want, oracle)
+            e_ort, e_eager = _max_abs(got, ref), _max_abs(want, ref)
             off = [side for side, e in (("onnxruntime", e_ort), ("eager", e_eager)) if not e <= one]
             state["fail"] = (ex.describe(), (
                 f"max |onnxruntime - eager| {diff:.3g} > allowed {allowed:.3g} (each side may stray {one:.3g} from "

@@ -430,7 +430,7 @@ def projection_weights(path: str | os.PathLike[str], info: Interface) -> dict[st
         if info.self_attention or sorted(i for i in inputs[:3] if i) != ["k", "q", "v"]:
             if not info.self_attention:
                 return None
-            order = ("q", "k", "v", "o")  # graph order, as torch writes a forward's statements
+            order: tuple[str, ...] = ("q", "k", "v", "o")  # graph order, as torch writes a forward's statements
         else:
             order = (*(i or "" for i in inputs[:3]), "o")
         roles = {r: (f[2], f[3]) for r, f in zip(order, found, strict=True)}

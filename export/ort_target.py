@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import torch
-from mha.masks import additive_mask, keep_mask
 from torch import nn
 
 from export.interface import Interface, ModelError, projection_weights, read_interface
+from mha.masks import additive_mask, keep_mask
 from mha.reference import MHAParams
 from properties.adapters import Adapter, Conventions, NotApplicable
 from properties.targets import Bound, TargetError
@@ -47,10 +47,10 @@ def available_providers() -> list[str]:
 
 
 def make_session(path: str | os.PathLike[str], provider: str = "cpu", opt: str = "opt-all", *, threads: int = 1,
-                 log_level: int = 3) -> ort.InferenceSession:
+                 log_level: int = 4) -> ort.InferenceSession:
     """A session on ``path``; ``threads`` intra-op threads (1 suits validation's small inputs).
 
-    ``log_level`` 3 (errors): a shape the model refuses is reported as a check's failure, not
+    ``log_level`` 4 (fatal only): a shape the model refuses is reported as a check's failure, not
     logged; 2 (warnings) is what :func:`export.onnx_export.export_onnx` asserts silent.
     """
     if provider not in PROVIDERS or opt not in OPT_LEVELS:
@@ -105,11 +105,14 @@ class OrtModule(nn.Module):
         if spec.dtype is np.bool_:
             if m.dtype != torch.bool:
                 keep = keep_mask(m)
+                assert keep is not None
                 if bool((m[keep] != 0).any()):
                     raise NotApplicable("the model takes a bool mask: finite float biases have no bool form")
                 m = keep
         else:
-            m = additive_mask(m, self.info.dtype)
+            additive = additive_mask(m, self.info.dtype)
+            assert additive is not None
+            m = additive
         arr = m.detach().cpu().numpy()
         if len(spec.dims) == 2:  # (Lq, Lk), or (B, Lk) for a key padding mask
             arr = arr[:, 0, 0, :] if axes[2] == 1 and axes[0] != 1 else arr[0, 0]

@@ -64,7 +64,7 @@ def _bundle(result: CheckResult, target: OrtTarget, bundle_dir: str | os.PathLik
     except Exception:
         actual = None
     folder = write_bundle(
-        bundle_dir, name=result.name, model_path=target.info.path, feed=feed, expected=expected.numpy(),
+        Path(bundle_dir), name=result.name, model_path=target.info.path, feed=feed, expected=expected.numpy(),
         actual=actual, allowed=result.allowed or 0.0, provider=PROVIDERS[target.provider], opt_level=target.opt,
         output=target.info.output, counterexample=result.counterexample or "", verdict=result.reason or "",
     )
@@ -113,7 +113,7 @@ def validate_model(
     config = name or info.config
     results = [interface_result(info, config)]
     params = eager.params() if eager is not None else params_from_graph(info)
-    params = type(params)(*(None if p is None else p.detach() for p in params))
+    params = params.to(params.w_q.dtype)  # detached
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # examples are tiny: threads only contend with onnxruntime's
     try:
@@ -161,7 +161,7 @@ def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings:
     if weights is not None or target_spec is not None:
         eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
     params = eager.params() if eager is not None else params_from_graph(info)
-    params = type(params)(*(None if p is None else p.detach() for p in params))
+    params = params.to(params.w_q.dtype)  # detached
     torch.set_num_threads(1)
     return check_target(OrtTarget(info, params, provider, opt), check, settings=settings, config=config,
                         seed=seed, eager=eager, bundle_dir=bundle_dir)

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
+from export.interface import interface_problems, read_interface
 from export.onnx_export import export_onnx
 from export.opsets import newest_opset
-from export.interface import interface_problems, read_interface
 from export.validation import validate_model
 from export.wrapper import ExportWrapper
 from properties.targets import load_target

@@ -80,8 +80,6 @@ def plain_export(module: nn.Module, path: Path, *, dynamo: bool, opset: int, mas
             args, names = (*args, m), [*names, "attn_mask"]
             shapes["attn_mask"] = {0: batch, 2: lq, 3: lk}
             axes["attn_mask"] = {0: "b", 2: "lq", 3: "lk"}
-        else:
-            shapes["attn_mask"] = None  # type: ignore[assignment]
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
         if dynamo:
