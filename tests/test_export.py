@@ -246,3 +246,27 @@ def test_cuda_provider_matches_the_oracle(ts_model: Path) -> None:
 
 def test_target_objects_are_what_the_stage_takes() -> None:
     assert isinstance(load_target(), Target)
+
+
+def test_contrib_graph_is_labelled_and_validated_like_any_other(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "m.onnx"
+    assert main(["export", "--d-model", "16", "--n-head", "4", "--graph", "ort-contrib", "--profile", "quick",
+                 "-o", str(out)]) == 0
+    written = tmp_path / "m.ort-contrib.onnx"
+    assert written.is_file() and not out.exists()
+    model = onnx.load(written)
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert meta["graph"] == "ort-contrib" and meta["graph_operator"] == "com.microsoft.MultiHeadAttention"
+    assert any(n.domain == "com.microsoft" for n in model.graph.node)
+    assert session_warnings(written) == []
+    results = validate_model(written, eager=load_target().build(16, 4, seed=0), settings=FAST, opt_levels=("opt-all",))
+    assert not [str(r) for r in results if r.failed]
+    # a target whose code is not the formula: the graph (built from its parameters) is held to it
+    mutant = tmp_path / "scaled.py"
+    mutant.write_text("from mha import MultiHeadAttention\n\n\nclass Scaled(MultiHeadAttention):\n"
+                      "    def forward(self, q, k, v, mask=None, need_weights=False):\n"
+                      "        return super().forward(q * 1.01, k, v, mask)\n")
+    bad = validate_model(written, eager=load_target(f"{mutant}:Scaled").build(16, 4, seed=0), settings=FAST,
+                         opt_levels=("opt-all",), checks=("ort_vs_eager",))
+    assert bad[-1].failed and "eager off the oracle" in (bad[-1].reason or ""), bad[-1]
