@@ -137,7 +137,8 @@ def bench_ort(B: int, L: int, D: int, H: int, *, reps: int) -> dict[str, float]:
 
 def ort_table(sizes: Sequence[tuple[int, ...]], reps: int) -> None:
     """Print ort/eager per size: each graph, no mask (mask-free graph; mask graph fed all-True) and mask."""
-    print("ort/eager, self-attention, 2 threads each, interleaved; eager ms in brackets")
+    print(f"ort/eager, self-attention, {torch.get_num_threads()} threads each, interleaved; "
+          "eager ms (no mask / mask), then ratios")
     cols = ["torch mask-free", "torch all-True", "torch+mask", "ort-contrib mask-free", "ort-contrib all-True",
             "ort-contrib+mask"]
     print(f"{'B, L':>9}  {'eager ms':>17}  " + "  ".join(f"{c:>20}" for c in cols))
