@@ -97,10 +97,15 @@ class OrtModule(nn.Module):
             m = torch.ones(want, dtype=torch.bool)
         else:
             m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (Lq, Lk) -> (1, 1, Lq, Lk)
-            too_big = [i for i in range(4) if want[i] == 1 and m.shape[i] != 1]
-            if too_big:
-                raise NotApplicable(f"the model's mask input {spec.describe()} cannot take a mask of shape "
-                                    f"{tuple(mask.shape)}")
+            for i in range(4):
+                if want[i] == 1 and m.shape[i] != 1:
+                    # an axis the model fixes to 1: fine if the mask is constant along it (a
+                    # (B, H, Lq, Lk) mask expanded from (B, 1, Lq, Lk)), else the model cannot take it
+                    first = m.narrow(i, 0, 1)
+                    if not bool((m == first).all()):
+                        raise NotApplicable(f"the model's mask input {spec.describe()} cannot take a mask of "
+                                            f"shape {tuple(mask.shape)} that varies along axis {i}")
+                    m = first
             m = m.expand(want)
         if spec.dtype is np.bool_:
             if m.dtype != torch.bool:
