@@ -36,15 +36,18 @@ def seed_for(profile: str, seed: int | None, database: str | None) -> int | None
 
 
 def property_check(*, spec: str | None, adapter: str | None, name: str, profile: str, max_examples: int | None,
-                   database: str | None, seed: int | None, replay: str | None) -> list[CheckResult]:
-    """One property against the target."""
+                   database: str | None, seed: int | None, replay: str | None,
+                   dtype: str = "float32") -> list[CheckResult]:
+    """One property against the target, in ``dtype`` ("float32", "float16" or "bfloat16")."""
+    import torch
+
     from properties.registry import all_properties
     from properties.runner import run_property
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     target = load_target(spec, adapter=adapter)
     return [run_property(all_properties()[name], target, settings=settings,
-                         seed=seed_for(profile, seed, database), replay=replay)]
+                         seed=seed_for(profile, seed, database), replay=replay, dtype=getattr(torch, dtype))]
 
 
 def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_examples: int | None,

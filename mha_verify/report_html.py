@@ -12,14 +12,17 @@ from properties.results import CheckResult
 _COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "n/a": "#757575"}
 
 
-def _histogram(ratios: Sequence[float], width: int = 220, height: int = 60) -> str:
+def _histogram(ratios: Sequence[float | str], width: int = 220, height: int = 60) -> str:
     """Histogram of error / allowed on a log scale from 1e-6 to >1 (the tolerance is at 1)."""
     if not ratios:
         return "<span class=muted>no measured errors</span>"
     # buckets: exactly 0, (0, 1e-5), [1e-5, 1e-4), ..., [1e-1, 1], above 1 (a failure)
     labels = ["0", "<1e-5", "1e-5", "1e-4", "1e-3", "1e-2", "1e-1", ">1"]
     counts = [0] * len(labels)
-    for r in ratios:
+    for raw in ratios:
+        r = float(raw)  # "inf"/"nan" (JSON has neither) land in the red bin
+        if math.isnan(r):
+            r = math.inf
         if r == 0:
             counts[0] += 1
         elif r > 1:

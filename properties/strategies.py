@@ -32,6 +32,8 @@ MASK_FORMS = ("B1LL", "11LL", "LL", "BHLL", "B11L")
 MASK_CONVENTIONS = ("bool", "float", "float_bias", "float_large")
 # Block sizes of tiled kernels and chunked loops: lengths land on them, one off, and past them.
 BOUNDARIES = (16, 32, 64, 128, 256)
+# (heads, head width) of the "wide" sizes: many heads, wide heads, D = 1024, odd head counts.
+WIDE_HEADS = ((16, 64), (8, 128), (8, 16), (5, 24), (16, 8), (2, 128), (12, 64), (6, 32))
 # Per-item magnitudes of q, k and v: 1e3 overflows exp() in a softmax without max-subtraction.
 MAGNITUDES = (1.0, 1e-3, 1e-2, 0.1, 10.0, 100.0, 1e3)
 # float16 overflows (65504) on the scores of items of magnitude 100 and more.
@@ -155,7 +157,7 @@ def sizes(
             batch = max(batch, min(max_batch, 5))
         lq = long_len(draw) if regime == "long" else draw(st.integers(min_len, max(min_len, small_len)))
         lk_mode = draw(st.sampled_from(("same", "other", "same", "other", "same", "other", "long",
-                                        "other", "same", "one")))
+                                        "other", "same", "long", "other", "one")))
         if lk_mode == "same":
             lk = lq
         elif lk_mode == "one":
@@ -167,10 +169,9 @@ def sizes(
         if fixed is not None:
             return Sizes(batch, lq, lk, fixed[0], fixed[1])
         if regime == "wide":
-            n_head = draw(st.sampled_from([h for h in (4, 8, 16, 1, 2) if h <= max_heads] or [1]))
-            head_dim = draw(st.sampled_from([w for w in (32, 64, 128, 16) if w <= max_head_dim] or [max_head_dim]))
-            while n_head * head_dim > max_d_model and head_dim > 1:
-                head_dim //= 2
+            # (H, Hd) past the chunk sizes of head loops (4, 8) and head-width caps (64), D up to 1024
+            pairs = [(h, w) for h, w in WIDE_HEADS if h <= max_heads and w <= max_head_dim and h * w <= max_d_model]
+            n_head, head_dim = draw(st.sampled_from(pairs or [(1, 1)]))
         else:
             n_head = draw(st.integers(1, min(4, max_heads)))
             head_dim = draw(st.integers(1, min(8, max_head_dim)))

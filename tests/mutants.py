@@ -220,7 +220,110 @@ class DropsLastKey(_Explicit):
         return super()._fast_attention(qh, kh, vh, mask)
 
 
+# --- bugs of tiled kernels and chunked loops: exact below a block boundary, wrong past it ---------
+
+KEY_BLOCK, QUERY_TILE, HEAD_CHUNK, BATCH_CHUNK, HEAD_DIM_CAP = 32, 16, 4, 4, 64
+
+
+class OnlineSoftmaxNoRescale(_Explicit):
+    """Flash-style online softmax over key blocks of 32 that forgets to rescale the running sum
+    and output of earlier blocks by exp(m_old - m_new): exact while Lk <= 32."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        score = self.masked(self.scores(qh, kh), mask)  # (B, H, Lq, Lk)
+        m = torch.full(score.shape[:-1] + (1,), float("-inf"), dtype=score.dtype)
+        total = torch.zeros_like(m)
+        acc = torch.zeros(*score.shape[:-1], vh.shape[-1], dtype=score.dtype)
+        for j in range(0, score.shape[-1], KEY_BLOCK):
+            s = score[..., j:j + KEY_BLOCK]
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+            safe = torch.where(m_new > float("-inf"), m_new, torch.zeros_like(m_new))
+            p = torch.exp(s - safe)
+            total = total + p.sum(dim=-1, keepdim=True)  # BUG: total * exp(m - m_new) forgotten
+            acc = acc + p @ vh[..., j:j + KEY_BLOCK, :]  # BUG: acc * exp(m - m_new) forgotten
+            m = m_new
+        return torch.where(total > 0, acc / total.clamp_min(1e-30), torch.zeros_like(acc))
+
+
+class QueryTileRemainder(_Explicit):
+    """Queries in tiles of 16; a partial last tile after the first forgets the 1/sqrt(Hd) scale."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        lq = qh.shape[-2]
+        full = None if mask is None else mask.expand(*qh.shape[:-2], lq, kh.shape[-2])
+        out = []
+        for i in range(0, lq, QUERY_TILE):
+            tile = qh[..., i:i + QUERY_TILE, :]
+            score = torch.matmul(tile, kh.transpose(-2, -1))
+            if not (i > 0 and tile.shape[-2] < QUERY_TILE):  # BUG: the remainder tile is not scaled
+                score = score * self.scale
+            m = None if full is None else full[..., i:i + QUERY_TILE, :]
+            out.append(torch.matmul(self.normalize(self.masked(score, m)), vh))
+        return torch.cat(out, dim=-2)
+
+
+class HeadChunksReuseFirstKeys(_Explicit):
+    """Heads processed in chunks of 4; later chunks read the keys of the first chunk."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        out = []
+        for c in range(0, qh.shape[1], HEAD_CHUNK):
+            n = qh[:, c:c + HEAD_CHUNK].shape[1]
+            m = mask if mask is None or mask.dim() < 3 or mask.shape[-3] == 1 else mask[..., c:c + n, :, :]
+            k = kh[:, :n]  # BUG: should be kh[:, c:c + n]
+            out.append(super()._fast_attention(qh[:, c:c + n], k, vh[:, c:c + n], m))
+        return torch.cat(out, dim=1)
+
+
+class BatchChunksReuseFirstKeys(_Explicit):
+    """Batch items processed in chunks of 4; later chunks read the keys of the first chunk."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        out = []
+        for c in range(0, qh.shape[0], BATCH_CHUNK):
+            n = qh[c:c + BATCH_CHUNK].shape[0]
+            m = mask if mask is None or mask.dim() < 4 or mask.shape[0] == 1 else mask[c:c + n]
+            out.append(super()._fast_attention(qh[c:c + n], kh[:n], vh[c:c + n], m))  # BUG: kh[c:c + n]
+        return torch.cat(out, dim=0)
+
+
+class HeadDimCappedScale(_Explicit):
+    """The scale read from a config that caps the head width at 64: 1/sqrt(min(Hd, 64))."""
+
+    def scores(self, qh: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(qh, kh.transpose(-2, -1)) / math.sqrt(min(self.head_dim, HEAD_DIM_CAP))
+
+
+class ReversedHeads(MultiHeadAttention):
+    """Heads concatenated in reverse order before w_o: every head's output lands in another's columns."""
+
+    mha_verify_conventions = _NO_WEIGHTS
+
+    def forward(self, q, k, v, mask=None, *, need_weights=False):  # type: ignore[no-untyped-def]
+        qh = self.w_q(q).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+        kh = self.w_k(k).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+        vh = self.w_v(v).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
+        heads = self._fast_attention(qh, kh, vh, mask).flip(1)  # BUG: (B, H, Lq, Hd) heads reversed
+        return self.w_o(heads.transpose(1, 2).flatten(-2))
+
+
+# name -> (class, property expected to catch it); the boundary mutants also name the size
+# below which they are exact (tests/test_mutants.py proves both sides)
+BOUNDARY_MUTANTS: dict[str, tuple[type[MultiHeadAttention], dict[str, int]]] = {
+    "online_softmax_no_rescale": (OnlineSoftmaxNoRescale, {"lk": KEY_BLOCK}),
+    "query_tile_remainder": (QueryTileRemainder, {"lq": QUERY_TILE}),
+    "head_chunks_reuse_first_keys": (HeadChunksReuseFirstKeys, {"n_head": HEAD_CHUNK}),
+    "batch_chunks_reuse_first_keys": (BatchChunksReuseFirstKeys, {"batch": BATCH_CHUNK}),
+    "head_dim_capped_scale": (HeadDimCappedScale, {"head_dim": HEAD_DIM_CAP}),
+}
+
 CATALOG: dict[str, tuple[type[MultiHeadAttention], str]] = {
+    "online_softmax_no_rescale": (OnlineSoftmaxNoRescale, "oracle_agreement"),
+    "query_tile_remainder": (QueryTileRemainder, "oracle_agreement"),
+    "head_chunks_reuse_first_keys": (HeadChunksReuseFirstKeys, "head_split"),
+    "batch_chunks_reuse_first_keys": (BatchChunksReuseFirstKeys, "batch_independence"),
+    "head_dim_capped_scale": (HeadDimCappedScale, "oracle_agreement"),
+    "reversed_heads": (ReversedHeads, "head_split"),
     "concat_without_transpose": (ConcatWithoutTranspose, "oracle_agreement"),
     "wrong_split": (WrongSplit, "head_split"),
     "scale_sqrt_d_model": (ScaleBySqrtDModel, "oracle_agreement"),
