@@ -270,3 +270,24 @@ def test_contrib_graph_is_labelled_and_validated_like_any_other(tmp_path: Path,
     bad = validate_model(written, eager=load_target(f"{mutant}:Scaled").build(16, 4, seed=0), settings=FAST,
                          opt_levels=("opt-all",), checks=("ort_vs_eager",))
     assert bad[-1].failed and "eager off the oracle" in (bad[-1].reason or ""), bad[-1]
+
+
+def test_an_ort_session_is_a_target_with_declared_conventions(ts_model: Path) -> None:
+    from export.ort_target import ort_targets
+    from properties.targets import TargetError
+
+    targets = ort_targets(ts_model, opt_levels=("opt-none", "opt-all"))
+    assert [t.spec for t in targets] == [f"{ts_model.name}[cpu,opt-none]", f"{ts_model.name}[cpu,opt-all]"]
+    target = targets[1]
+    assert target.probe_sizes == (16, 4)
+    bound = target.build(16, 4)
+    assert target.build(16, 4, seed=9) is bound  # one session, the model's own weights
+    conv = bound.conventions
+    assert (conv.grads, conv.dropout, conv.weights, conv.sizes, conv.dtype) == (False, False, False, (16, 4),
+                                                                               torch.float32)
+    assert conv.mask == {"bool"} and conv.cross_attention
+    with pytest.raises(TargetError, match=r"fixed to \(d_model, n_head\)=\(16, 4\)"):
+        target.build(8, 2)
+    # the parameters read from the graph are the exported module's
+    ref = load_target().build(16, 4, seed=0).params()
+    assert all(torch.equal(a.detach(), b.detach()) for a, b in zip(bound.params(), ref, strict=True))
