@@ -1,7 +1,8 @@
 """``mha-verify validate`` on attention models exported by *plain* ``torch.onnx.export``
 (what a user's deployment script writes), not by mha-verify: small SDPA-based layers with
 their own input names, exported by dynamo at opsets 18 and 23 and by TorchScript, with
-masks (B, 1, Lq, Lk), (B, H, Lq, Lk) or none, and a single-input self-attention model.
+masks (B, 1, Lq, Lk) bool or additive float, (B, H, Lq, Lk) or none, and a single-input
+self-attention model.
 
 The correct models must pass; two defective ones must fail for their real reasons:
 
@@ -10,6 +11,12 @@ The correct models must pass; two defective ones must fail for their real reason
   verified below by direct comparison before validate is asked.
 * aliased k/v: exported with ``k is v`` example tensors, the graph reads keys from ``value``
   and leaves ``key`` unread (pytorch issue 139646).
+
+Found on the way: with an additive float mask (opset 23, ONNX ``Attention``), a query row whose
+every key carries ``finfo(float32).min`` (how HF transformers writes "masked") is a bias by our
+contract, and eager SDPA gives the weighted average of all keys there; onnxruntime's kernel
+gives another value (0.41 off on the layer below). -1e9 agrees. validate fails
+``oracle_agreement`` on exactly such a mask (``float_large``).
 """
 
 from __future__ import annotations
@@ -61,7 +68,8 @@ class SdpaSelfAttention(SdpaAttention):
 
 def plain_export(module: nn.Module, path: Path, *, dynamo: bool, opset: int, mask: str | None,
                  alias_kv: bool = False, self_attention: bool = False) -> Path:
-    """``torch.onnx.export`` as a user calls it: dynamic B, Lq, Lk; ``mask`` "B1LL", "BHLL" or None."""
+    """``torch.onnx.export`` as a user calls it: dynamic B, Lq, Lk; ``mask`` "B1LL", "BHLL" (bool),
+    "B1LL-float" (additive 0/-inf) or None."""
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, n, D, generator=gen) for n in (3, 5, 5))
     if alias_kv:
@@ -76,7 +84,9 @@ def plain_export(module: nn.Module, path: Path, *, dynamo: bool, opset: int, mas
         shapes = {"query": {0: batch, 1: lq}, "key": {0: batch, 1: lk}, "value": {0: batch, 1: lk}}
         axes = {"query": {0: "b", 1: "lq"}, "key": {0: "b", 1: "lk"}, "value": {0: "b", 1: "lk"}}
         if mask is not None:
-            m = torch.rand(2, 1 if mask == "B1LL" else H, 3, 5, generator=gen) < 0.8
+            m = torch.rand(2, H if mask == "BHLL" else 1, 3, 5, generator=gen) < 0.8
+            if mask.endswith("float"):
+                m = torch.zeros(m.shape).masked_fill(~m, float("-inf"))
             args, names = (*args, m), [*names, "attn_mask"]
             shapes["attn_mask"] = {0: batch, 2: lq, 3: lk}
             axes["attn_mask"] = {0: "b", 2: "lq", 3: "lk"}
@@ -94,6 +104,7 @@ def plain_export(module: nn.Module, path: Path, *, dynamo: bool, opset: int, mas
 MODELS = {  # name: (dynamo, opset, mask, alias_kv, self_attention, expected verdict)
     "dynamo23-B1LL": (True, 23, "B1LL", False, False, "pass"),
     "dynamo23-BHLL": (True, 23, "BHLL", False, False, "pass"),
+    "dynamo23-float-B1LL": (True, 23, "B1LL-float", False, False, "fail"),
     "dynamo23-nomask": (True, 23, None, False, False, "pass"),
     "torchscript17-B1LL": (False, 17, "B1LL", False, False, "pass"),
     "dynamo23-self-x": (True, 23, None, False, True, "pass"),
@@ -145,6 +156,7 @@ def test_interfaces_are_read_from_the_files(models: dict[str, Path]) -> None:
     assert {r: s.name for r, s in info.roles.items()} == {"q": "query", "k": "key", "v": "value", "mask": "attn_mask"}
     assert "BHLL" not in info.mask_forms and "B1LL" in info.mask_forms
     assert "BHLL" in read_interface(models["dynamo23-BHLL"]).mask_forms
+    assert read_interface(models["dynamo23-float-B1LL"]).mask_types == {"float"}
     assert read_interface(models["dynamo23-nomask"]).mask is None
     x = read_interface(models["dynamo23-self-x"])
     assert x.self_attention and (x.d_model, x.n_head) == (D, H)
@@ -160,6 +172,10 @@ def test_validate_verdicts(models: dict[str, Path], name: str) -> None:
         assert not failed, {n: r.reason for n, r in failed.items()}
         ran = [r for r in results if r.verdict == "pass" and r.examples > 0]
         assert len(ran) >= 5, [(r.name, r.verdict, r.reason) for r in results]
+    elif name == "dynamo23-float-B1LL":  # rows biased by finfo.min everywhere: onnxruntime != SDPA
+        oracle = failed.get("oracle_agreement")
+        assert oracle is not None and "float_large" in (oracle.counterexample or ""), failed
+        assert "fully_masked_rows" not in failed and "interface" not in failed
     elif name == "dynamo18-B1LL":
         assert "fully_masked_rows" in failed, [(r.name, r.verdict, r.reason) for r in results]
         assert "interface" not in failed
