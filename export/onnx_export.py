@@ -256,7 +256,8 @@ def export_onnx(
         set_metadata(proto, {
             "d_model": str(bound.d_model), "n_head": str(bound.n_head),
             "mask_convention": MASK_CONVENTION if mask_input else NO_MASK_CONVENTION,
-            "fully_masked": bound.conventions.fully_masked, "exporter": exporter, "opset": str(opset),
+            "fully_masked": bound.conventions.fully_masked, "conventions": bound.conventions.describe(),
+            "exporter": exporter, "opset": str(opset),
             "dtype": dtype_name(dtype), "torch_version": torch.__version__, "mha_verify_version": __version__,
             "target": target_spec or f"{type(bound.module).__module__}.{type(bound.module).__qualname__}",
             "onnx_attention_op": str(any(n.op_type == "Attention" for n in proto.graph.node)).lower(),

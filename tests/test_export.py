@@ -93,6 +93,7 @@ def test_model_interface_metadata_and_checker(ts_model: Path) -> None:
     assert meta["exporter"] == "torchscript" and meta["opset"] == str(newest_opset("torchscript"))
     assert meta["torch_version"] == torch.__version__ and "True = may attend" in meta["mask_convention"]
     assert meta["mha_verify_version"] and meta["graph"] == "standard"
+    assert "fully masked rows -> zeros" in meta["conventions"]
     assert not model.graph.initializer or "mask" not in {i.name for i in model.graph.initializer}
     info = read_interface(ts_model)
     assert info.roles["q"].dims == ("batch", "lq", 16) and info.roles["k"].dims == ("batch", "lk", 16)
