@@ -21,7 +21,8 @@ from hypothesis import settings as Settings
 from mha.masks import full_keep
 from properties import profiles
 from properties.registry import all_properties
-from properties.strategies import AttnExample, attention_examples
+from properties.runner import SWEEP_EXAMPLES
+from properties.strategies import AttnExample, attention_examples, boundary_cases, forced_size_case
 from properties.targets import load_target
 
 FEATURES: dict[str, Callable[[AttnExample], bool]] = {
@@ -85,9 +86,14 @@ def main() -> None:
     conv = target.build(8, 2).conventions
     ci = profiles.PROFILES["ci"]
     for name in args.properties.split(","):
-        strategy = all_properties()[name].strategy(conv)
-        assert not isinstance(strategy, str)
-        drawn = _collect(strategy, Settings(ci, database=None))
+        prop = all_properties()[name]
+        drawn: list[AttnExample] = []
+        cases = boundary_cases()  # the runner's sweep: SWEEP_EXAMPLES per boundary case, then the rest
+        for case in cases:
+            with forced_size_case(case):
+                drawn += _collect(prop.strategy(conv), Settings(ci, database=None, max_examples=SWEEP_EXAMPLES))
+        rest = ci.max_examples - SWEEP_EXAMPLES * len(cases)
+        drawn += _collect(prop.strategy(conv), Settings(ci, database=None, max_examples=rest))
         columns[f"ci {name} ({len(drawn)})"] = _percent(drawn)
     names = list(columns)
     print("| feature | " + " | ".join(names) + " |")

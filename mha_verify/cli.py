@@ -62,7 +62,9 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    help="Hypothesis profile (default: $MHA_VERIFY_PROFILE or ci)")
     p.add_argument("--max-examples", type=_positive, default=None, help="examples per property")
     p.add_argument("--seed", type=_seed, default=None, help="Hypothesis seed (replaces derandomization)")
-    p.add_argument("--only", default=None, metavar="NAMES", help="comma-separated property names")
+    p.add_argument("--only", default=None, metavar="NAMES",
+                   help="comma-separated property names; only these run, the ONNX export stage is skipped "
+                        "(said on stderr)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
                    help="run every property on the target cast to this dtype, with tolerances from the one "
                         "table (gradcheck stays in float64; properties that cannot run in it are n/a with the reason)")
@@ -157,6 +159,9 @@ def run_check(args: argparse.Namespace) -> int:
              for p in props]
     if not args.no_export and names is None:
         tasks.append(("export", "export", ("export_checks", dict(common, bundle_dir=args.bundle_dir))))
+    elif not args.no_export:
+        print("mha-verify: --only runs the named properties only: the ONNX export stage is skipped "
+              "(run without --only to export)", file=sys.stderr)
     limits = None if args.no_isolation else Limits(timeout=args.timeout)
 
     def progress(name: str) -> None:

@@ -152,12 +152,22 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
 
+class _SeedMeansHypothesis(argparse.Action):
+    """``--seed`` is the Hypothesis seed (``check``); here the weights' seed is ``--weight-seed``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        parser.error("--seed is the Hypothesis seed of `check`; the seed of the target's weights is --weight-seed")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, metavar="SPEC",
                    help="package.module:Attr or path/to/file.py:Attr (default: mha:MultiHeadAttention)")
     p.add_argument("--weights", default=None, metavar="FILE",
                    help="a state_dict for the target, loaded with torch.load(weights_only=True)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the target's initial weights (default 0)")
+    p.add_argument("--weight-seed", dest="seed", type=int, default=0, metavar="N",
+                   help="seed of the target's initial weights, without --weights (default 0)")
+    p.add_argument("--seed", action=_SeedMeansHypothesis, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--profile", choices=("quick", "ci", "thorough"), default=None,
                    help="Hypothesis profile (default: $MHA_VERIFY_PROFILE or ci)")
     p.add_argument("--bundle-dir", default=None, metavar="DIR",
@@ -195,7 +205,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     help="override n_head (default: from the model's metadata, attention op, mask or head split)")
     va.add_argument("--inputs", default=None, metavar="q=NAME,k=NAME,v=NAME,mask=NAME",
                     help="map the model's input names to roles q, k, v, x, mask (default: by name, then position)")
-    va.add_argument("--no-isolate", dest="isolate", action="store_false",
+    va.add_argument("--no-isolation", dest="isolate", action="store_false",
                     help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
     va.add_argument("--timeout", type=float, default=600.0, help="seconds before an isolated run counts as hung")
     va.set_defaults(func=cmd_validate)

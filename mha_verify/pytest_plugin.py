@@ -1,9 +1,13 @@
 """pytest plugin (entry point ``pytest11``).
 
-``--mha-profile NAME`` chooses the Hypothesis profile (quick, ci, thorough).
 ``--mha-target SPEC`` adds the whole property suite, one test per property, run against
 SPEC (``package.module:Attr`` or ``path/to/file.py:Attr``) in the user's own pytest run;
-it parallelizes with pytest-xdist like any other test.
+it parallelizes with pytest-xdist like any other test. Those tests run under the profile
+chosen by ``--mha-profile NAME`` (quick, ci, thorough), else $MHA_VERIFY_PROFILE, else ci,
+passed to each property explicitly.
+
+The plugin leaves the user's own Hypothesis settings alone: only an explicit
+``--mha-profile`` loads that profile globally, for every test of the run.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mha-verify")
     group.addoption(
         "--mha-profile", default=None,
-        help="Hypothesis profile for attention properties: quick, ci or thorough (default: $MHA_VERIFY_PROFILE or ci)",
+        help="Hypothesis profile: quick, ci or thorough. The --mha-target tests use it (default: "
+             "$MHA_VERIFY_PROFILE or ci); given explicitly, it is also loaded for every other test of the run",
     )
     group.addoption("--mha-target", default=None, metavar="SPEC",
                     help="run the mha-verify property suite against SPEC (package.module:Attr or file.py:Attr)")
@@ -25,13 +30,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    explicit = config.getoption("--mha-profile")
+    spec = config.getoption("--mha-target")
+    if explicit is None and not spec:
+        return  # not asked for: import nothing, change nothing
     from properties import profiles
 
     try:
-        profiles.load(config.getoption("--mha-profile"))
+        if explicit is not None:
+            profiles.load(explicit)  # asked for by name: the whole run uses it
+        else:
+            profiles.profile_name()  # checks $MHA_VERIFY_PROFILE for the suite's own tests
     except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    spec = config.getoption("--mha-target")
+        raise pytest.UsageError(f"{'--mha-profile' if explicit else '$MHA_VERIFY_PROFILE'}: {exc}") from None
     if spec:
         from properties.targets import TargetError, load_target
 

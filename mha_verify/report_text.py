@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from mha_verify.report_groups import group_failures
 from properties.results import CheckResult
 
 _MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "n/a": "n/a"}
@@ -34,11 +35,13 @@ def table(results: Iterable[CheckResult]) -> str:
 
 
 def failures(results: Iterable[CheckResult]) -> str:
-    """Each failure: what went wrong, the shrunk counterexample and the command that replays it."""
+    """Each failure: what went wrong, the shrunk counterexample and the command that replays it.
+
+    Failures with one root cause (``report_groups.group_failures``) are shown once, in full,
+    followed by one line per failure of the same cause with its replay command.
+    """
     out: list[str] = []
-    for r in results:
-        if not r.failed:
-            continue
+    for r, same in group_failures(results):
         out.append(f"\nFAILED {r.stage}/{r.name}")
         if r.reason:
             out.append(f"  what:    {r.reason}")
@@ -48,6 +51,10 @@ def failures(results: Iterable[CheckResult]) -> str:
             out.append(f"  replay:  {r.replay}")
         for note in r.details.get("hypothesis", []):
             out.append(f"  {note.strip()}")
+        if same:
+            out.append(f"  same cause (a NaN or inf output) fails {len(same)} more check{'s' * (len(same) > 1)}:")
+            for s in same:
+                out.append(f"    FAILED {s.stage}/{s.name}" + (f"  replay: {s.replay}" if s.replay else ""))
     return "\n".join(out)
 
 

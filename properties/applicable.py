@@ -63,17 +63,19 @@ def examples_for(
     min_batch: int = 1,
     min_len: int = 1,
     mixed_scales: bool = False,
+    large_negatives: bool = True,
 ) -> st.SearchStrategy[AttnExample] | str:
     """Examples the target can take, or the reason (a str) why the property cannot apply.
 
     Self-attention-only targets get q = k = v; targets without a mask get no mask; masks
     come only in the types and shapes the target accepts (``conv.mask``, ``conv.mask_forms``);
-    ``need_mask`` properties (about removed keys) get masks that remove keys;
+    ``need_mask`` properties (about removed keys) get masks that remove keys, and so do those
+    that ask for no ``large_negatives`` (finite differences cannot resolve a score of 1e9);
     a target of fixed sizes or dtype gets only those. Targets that declare something other
     than zeros on fully masked rows get examples without such rows (the
     ``fully_masked_rows`` property checks their declaration separately).
     """
-    conventions = _mask_conventions(conv, removal=need_mask)
+    conventions = _mask_conventions(conv, removal=need_mask or not large_negatives)
     if not conventions:
         if need_mask:
             return "the target's forward takes no mask"

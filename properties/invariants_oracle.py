@@ -127,17 +127,19 @@ def _project(head: torch.Tensor, p: MHAParams, cols: slice) -> torch.Tensor:
 def _best_match(out: torch.Tensor, ex: AttnExample, p: MHAParams, n_head: int, i: int, conv: Conventions) -> str:
     """'; it matches head j best' when another head's formula explains the output better."""
     cols = slice(i * ex.sizes.head_dim, (i + 1) * ex.sizes.head_dim)
-    errors = []
-    for j in range(n_head):
+    # the likely culprits only (this runs on every shrink step): reversed, neighbours, first, last
+    candidates = sorted({i, n_head - 1 - i, max(i - 1, 0), min(i + 1, n_head - 1), 0, n_head - 1})
+    errors = {}
+    for j in candidates:
         head = one_head(ex.q, ex.k, ex.v, p, n_head, j, ex.mask, causal=conv.causal, fully_masked=conv.fully_masked)
-        errors.append(float((out.detach().double() - _project(head, p, cols)).abs().max()))
-    j = min(range(n_head), key=lambda n: errors[n])
+        errors[j] = float((out.detach().double() - _project(head, p, cols)).abs().max())
+    j = min(errors, key=lambda n: errors[n])
     return f"; it matches head {j} computed alone best (error {errors[j]:.3g})" if j != i else ""
 
 
 def _small(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, shapes=sizes(max_batch=2, max_len=3, max_heads=2, max_head_dim=4),
-                        dtype=torch.float64, scales=st.just(1.0))
+                        dtype=torch.float64, scales=st.just(1.0), large_negatives=False)
 
 
 @invariant("gradcheck", strategy=_small, dtype=torch.float64, needs_grads=True)

@@ -5,7 +5,13 @@ ci        derandomized (same examples every run), no deadline, prints reproducti
 thorough  many examples, random, for nightly runs or before a release.
 
 Choose one with the environment variable MHA_VERIFY_PROFILE, pytest's ``--mha-profile``
-or ``mha-verify check --profile``.
+or ``mha-verify check --profile``. The runner passes the chosen settings to each property
+explicitly; nothing here changes Hypothesis's global default unless ``load()`` is called.
+
+They are registered with Hypothesis under ``mha-verify-<name>`` (``REGISTERED_PREFIX``):
+Hypothesis has a "ci" profile of its own, which it loads on CI machines, and a user may have
+one too; registering ours as plain "ci" would replace theirs (and, with theirs loaded, load
+ours in its place).
 """
 
 from __future__ import annotations
@@ -28,8 +34,10 @@ PROFILES: dict[str, settings] = {
     "thorough": settings(max_examples=1000, print_blob=True, **_COMMON),  # type: ignore[arg-type]
 }
 
+REGISTERED_PREFIX = "mha-verify-"
+
 for _name, _settings in PROFILES.items():
-    settings.register_profile(_name, _settings)
+    settings.register_profile(REGISTERED_PREFIX + _name, _settings)
 
 
 def profile_name(explicit: str | None = None) -> str:
@@ -41,7 +49,7 @@ def profile_name(explicit: str | None = None) -> str:
 
 
 def load(explicit: str | None = None) -> str:
-    """Load the chosen profile globally and return its name."""
+    """Load the chosen profile globally (our own test suite, or ``--mha-profile``) and return its name."""
     name = profile_name(explicit)
-    settings.load_profile(name)
+    settings.load_profile(REGISTERED_PREFIX + name)
     return name

@@ -12,13 +12,15 @@ import torch
 from hypothesis import HealthCheck, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from properties.adapters import Conventions, NotApplicable
+from properties.keyed_database import keyed
 from properties.measure import Measure, Violation
 from properties.registry import Property, all_properties
 from properties.results import CheckResult
-from properties.strategies import AttnExample
+from properties.strategies import AttnExample, boundary_cases, forced_size_case
 from properties.targets import Target, TargetError
 
 
@@ -52,6 +54,9 @@ def _summary(exc: BaseException) -> str:
         return str(exc)
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"the target raised {type(exc).__name__}: {first[:300]}"
+
+
+SWEEP_EXAMPLES = 2  # examples per boundary case of the sizes, before the random examples
 
 
 def check_floor(settings: Settings) -> int:
@@ -89,7 +94,8 @@ def run_property(
     run_dtype = effective_dtype(prop, conv, dtype)
     conventions = conv.describe()
     reason = prop.not_applicable(conv)
-    strategy = reason or prop.strategy(dataclasses.replace(conv, dtype=run_dtype))
+    run_conv = dataclasses.replace(conv, dtype=run_dtype)
+    strategy = reason or prop.strategy(run_conv)
     if isinstance(strategy, str):
         return CheckResult(prop.name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start,
                            details={"conventions": conventions})
@@ -126,24 +132,40 @@ def run_property(
         if _ratio(measure) >= _ratio(stats.worst):
             stats.worst = measure
 
-    test = given(strategy)(body)
-    # distinct example-database keys per property and target, so a failure replays first next time
-    test._hypothesis_internal_add_digest = f"{prop.name}|{target.spec}".encode()  # type: ignore[attr-defined]
-    test = Settings(settings, suppress_health_check=[*settings.suppress_health_check, HealthCheck.filter_too_much,
-                                                    HealthCheck.too_slow])(test)
-    if seed is not None:
-        test = hypothesis_seed(seed)(test)
-    error: BaseException | None = None
-    try:
-        test()
-    except Unsatisfiable as exc:
-        error = exc
-    except TargetError:
-        raise
-    except BaseException as exc:  # the target's own failure, shrunk by Hypothesis
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+    def run(strategy: st.SearchStrategy[AttnExample], settings: Settings) -> BaseException | None:
+        test = given(strategy)(body)
+        test = Settings(settings, suppress_health_check=[*settings.suppress_health_check,
+                                                        HealthCheck.filter_too_much, HealthCheck.too_slow])(test)
+        if seed is not None:
+            test = hypothesis_seed(seed)(test)
+        try:
+            test()
+        except TargetError:
             raise
-        error = exc
+        except BaseException as exc:  # the target's own failure, shrunk by Hypothesis
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return exc
+        return None
+
+    # distinct example-database keys per property and target, so a failure replays first next time
+    settings = keyed(settings, f"{prop.name}|{target.spec}")
+    # The random examples, then every boundary case of the sizes (two examples each): a short
+    # derandomized run would otherwise reach only some of them. Random first, so that a bug
+    # found at any size shrinks freely to the smallest example.
+    cases = boundary_cases() if settings.max_examples >= 3 * SWEEP_EXAMPLES * len(boundary_cases()) / 2 else ()
+    rest = max(1, settings.max_examples - SWEEP_EXAMPLES * len(cases))
+    error = run(strategy, Settings(settings, max_examples=rest))
+    for case in cases if error is None or isinstance(error, Unsatisfiable) else ():
+        with forced_size_case(case):
+            swept = prop.strategy(run_conv)
+        assert not isinstance(swept, str)
+        found = run(swept, Settings(settings, max_examples=SWEEP_EXAMPLES))
+        if found is not None and not isinstance(found, Unsatisfiable):
+            error = found
+            break
+    if isinstance(error, Unsatisfiable) and stats.checked:
+        error = None  # the random phase found nothing it could take, the sweep did
     seconds = time.perf_counter() - start
     worst = stats.worst
     ratios = stats.ratios + ([stats.failing_ratio] if stats.failing_ratio is not None else [])

@@ -231,7 +231,7 @@ class OnlineSoftmaxNoRescale(_Explicit):
 
     def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
         score = self.masked(self.scores(qh, kh), mask)  # (B, H, Lq, Lk)
-        m = torch.full(score.shape[:-1] + (1,), float("-inf"), dtype=score.dtype)
+        m = torch.full((*score.shape[:-1], 1), float("-inf"), dtype=score.dtype)
         total = torch.zeros_like(m)
         acc = torch.zeros(*score.shape[:-1], vh.shape[-1], dtype=score.dtype)
         for j in range(0, score.shape[-1], KEY_BLOCK):

@@ -85,6 +85,7 @@ def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     page = (tmp_path / "h0.html").read_text()
     assert "<svg" in page and "head 0" in page and "<script" not in page
     proc = cli("--profile", "ci", "--no-export", "--only", "fully_masked_rows", "--target", target)
+    assert "export stage is skipped" not in proc.stderr  # --no-export: nothing to say
     assert "replay:  mha-verify check --no-export --only fully_masked_rows" in proc.stdout
     assert "example: B=1 Lq=" in proc.stdout and "mask dead_rows" in proc.stdout
 
@@ -125,3 +126,11 @@ def test_list_names_every_property() -> None:
 
     assert main(["list"]) == 0
     assert len(all_properties()) >= 17
+
+
+@pytest.mark.slow
+def test_only_says_that_it_skips_the_export_stage() -> None:
+    proc = cli("--max-examples", "3", "--only", "lk_equals_lv")
+    assert proc.returncode == 0, proc.stderr
+    assert "mha-verify: --only runs the named properties only: the ONNX export stage is skipped" in proc.stderr
+    assert "\nexport" not in proc.stdout  # no export table

@@ -35,10 +35,10 @@ def test_export_writes_a_validated_model(model: Path, capsys: pytest.CaptureFixt
 
 
 def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(model), "--profile", "quick", "--no-isolate"]) == 0
+    assert main(["validate", str(model), "--profile", "quick", "--no-isolation"]) == 0
     assert "0 failed" in capsys.readouterr().out
-    assert main(["validate", str(model), "--profile", "quick", "--no-isolate", "--target", "mha:MultiHeadAttention",
-                 "--seed", "3"]) == 1  # the target with other weights than the model's
+    other_weights = ["--target", "mha:MultiHeadAttention", "--weight-seed", "3"]  # not the model's weights
+    assert main(["validate", str(model), "--profile", "quick", "--no-isolation", *other_weights]) == 1
     for argv, message in [
         (["validate", str(tmp_path / "missing.onnx")], "does not exist"),
         (["validate", str(tmp_path / "junk.onnx")], "is not an ONNX model"),
@@ -76,3 +76,16 @@ def test_export_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1
         assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    pytest.param(["export", "--d-model", "16", "--n-head", "4", "-o", "m.onnx", "--seed", "3"], id="export"),
+    pytest.param(["validate", "m.onnx", "--seed", "3"], id="validate"),
+])
+def test_seed_is_the_hypothesis_seed_so_weights_take_weight_seed(argv: list[str],
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert "--seed is the Hypothesis seed of `check`; the seed of the target's weights is --weight-seed" in err

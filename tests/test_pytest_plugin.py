@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,3 +34,49 @@ def test_plugin_rejects_a_bad_target(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mha-target", "nope:X"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 4 and "--mha-target: cannot import 'nope'" in proc.stderr
+
+
+USER_TEST = """
+from hypothesis import given, settings, strategies as st
+
+
+@given(st.integers())
+def test_users_own(x):
+    d = settings.default
+    print(f"SETTINGS derandomize={d.derandomize} deadline={d.deadline} max_examples={d.max_examples}")
+"""
+# Hypothesis loads its own "ci" profile where one of these is set: the user's default would differ
+CI_VARIABLES = ("CI", "__TOX_ENVIRONMENT_VARIABLE_ORIGINAL_CI", "TF_BUILD", "bamboo.buildKey", "BUILDKITE", "CIRCLECI",
+                "CIRRUS_CI", "CODEBUILD_BUILD_ID", "GITHUB_ACTIONS", "GITLAB_CI", "HEROKU_TEST_RUN_ID",
+                "TEAMCITY_VERSION")
+
+
+def _users_settings(tmp_path: Path, *args: str) -> str:
+    (tmp_path / "test_user.py").write_text(USER_TEST)
+    env = {k: v for k, v in os.environ.items() if k not in (*CI_VARIABLES, "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
+    env["MHA_VERIFY_PROFILE"] = "ci"  # the suite's default: it must not leak into the user's tests either
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_user.py",
+                           *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = set(re.findall(r"SETTINGS .*", proc.stdout))
+    assert len(found) == 1, proc.stdout
+    return found.pop()
+
+
+@pytest.mark.slow
+def test_plugin_leaves_a_users_hypothesis_settings_alone(tmp_path: Path) -> None:
+    untouched = _users_settings(tmp_path)
+    assert untouched == "SETTINGS derandomize=False deadline=0:00:00.200000 max_examples=100"
+    assert _users_settings(tmp_path, "-p", "no:mha_verify") == untouched  # the same without the plugin
+    # asked for by name, the profile applies to the whole run
+    assert _users_settings(tmp_path, "--mha-profile", "quick") == \
+        "SETTINGS derandomize=False deadline=None max_examples=25"
+    assert _users_settings(tmp_path, "--mha-profile", "ci") == \
+        "SETTINGS derandomize=True deadline=None max_examples=100"
+
+
+@pytest.mark.slow
+def test_plugin_rejects_an_unknown_profile(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mha-profile", "nope"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 4 and "--mha-profile: unknown Hypothesis profile 'nope'" in proc.stderr

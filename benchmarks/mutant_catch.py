@@ -1,0 +1,43 @@
+"""Which property catches each one-bug mutant of tests/mutants.py, after how many examples.
+
+    python -m benchmarks.mutant_catch [--profile ci] [--only NAME,...]
+
+Prints a markdown table: mutant | property | verdict | examples checked before the failure |
+seconds (including shrinking) | the shrunk counterexample. Run from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from properties import profiles
+from properties.registry import all_properties
+from properties.runner import run_property
+from properties.targets import Target
+from tests.mutants import CATALOG
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="ci", choices=list(profiles.PROFILES))
+    parser.add_argument("--only", default=None, help="comma-separated mutant names")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    settings = profiles.PROFILES[args.profile]
+    names = args.only.split(",") if args.only else list(CATALOG)
+    print("| mutant | property | verdict | examples | seconds | counterexample |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        cls, expected = CATALOG[name]
+        start = time.perf_counter()
+        result = run_property(all_properties()[expected], Target(f"tests.mutants:{cls.__name__}", cls),
+                              settings=settings)
+        print(f"| {name} | {expected} | {result.verdict} | {result.examples} | {time.perf_counter() - start:.1f} | "
+              f"{result.counterexample or '-'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Each (property, target) has its own example-database entries: a stored failure is replayed
+for that check first, and for no other (public Hypothesis API: an ExampleDatabase subclass)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import Phase
+from hypothesis import settings as Settings
+from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
+
+from properties import profiles
+from properties.keyed_database import PrefixedDatabase, keyed
+from properties.registry import all_properties
+from properties.runner import run_property
+from properties.targets import load_target
+
+SEED_000 = f"{Path(__file__).resolve().parent / 'fixtures' / 'seed_000.py'}:MultiHeadAttention"
+
+
+def test_prefixes_keep_keys_apart() -> None:
+    inner = InMemoryExampleDatabase()
+    a, b = PrefixedDatabase(inner, b"a"), PrefixedDatabase(inner, b"b")
+    a.save(b"k", b"1")
+    a.save(b"k", b"2")
+    a.move(b"k", b"j", b"2")
+    a.delete(b"k", b"nothing")
+    assert (set(a.fetch(b"k")), set(a.fetch(b"j")), set(b.fetch(b"k"))) == ({b"1"}, {b"2"}, set())
+    assert a == PrefixedDatabase(inner, b"a") and a != b
+
+
+def test_keyed_settings() -> None:
+    inner = InMemoryExampleDatabase()
+    s = keyed(Settings(database=inner), "fully_masked_rows|mha:MultiHeadAttention")
+    assert s.database == PrefixedDatabase(inner, b"fully_masked_rows|mha:MultiHeadAttention")
+    derandomized = profiles.PROFILES["ci"]
+    assert keyed(derandomized, "x") is derandomized  # Hypothesis stores nothing: nothing to key
+    with pytest.raises(ValueError, match="key="):
+        keyed(s, "")
+    with pytest.raises(TypeError, match="inner="):
+        PrefixedDatabase(object(), b"x")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_stored_failure_replays_for_its_own_property_and_target_only(tmp_path: Path) -> None:
+    props = all_properties()
+    seed_000, reference = load_target(SEED_000), load_target()
+    generate = Settings(profiles.PROFILES["quick"], max_examples=20,
+                        database=DirectoryBasedExampleDatabase(str(tmp_path / "db")))
+    first = run_property(props["fully_masked_rows"], seed_000, settings=generate)
+    assert first.verdict == "fail" and first.counterexample
+
+    replay_only = Settings(generate, phases=[Phase.reuse])  # examples from the database, nothing new
+    again = run_property(props["fully_masked_rows"], seed_000, settings=replay_only)
+    assert again.verdict == "fail" and again.counterexample == first.counterexample
+    # the same property on another target, and another property on the same target: nothing replayed
+    other_target = run_property(props["fully_masked_rows"], reference, settings=replay_only)
+    other_property = run_property(props["oracle_agreement"], seed_000, settings=replay_only)
+    for other in (other_target, other_property):  # with no stored example Hypothesis skips the test
+        assert other.examples == 0 and "run no test cases" in (other.reason or ""), other
