@@ -8,7 +8,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha.reference import MHAParams, multi_head, one_head
+from mha.reference import MHAParams, multi_head, one_head, same_precision
 from mha.tolerance import compare, tolerance_for
 from properties.adapters import Conventions, NotApplicable
 from properties.applicable import clean_rows, examples_for
@@ -38,8 +38,8 @@ def oracle_agreement(bound: Bound, ex: AttnExample) -> Measure:
         if weights.shape != ref_w.shape:
             raise Violation(f"weights shape {tuple(weights.shape)}, but should be (B, H, Lq, Lk)={tuple(ref_w.shape)}")
         conv = bound.conventions
-        same_w = multi_head(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                            causal=conv.causal, fully_masked=conv.fully_masked)[1]
+        same_w = same_precision(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
+                                oracle=ref, causal=conv.causal, fully_masked=conv.fully_masked)[1]
         ensure(compare(weights, ref_w, same_w, ex.q.dtype), "attention weights vs float64 oracle")
     return measure
 
