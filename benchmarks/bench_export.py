@@ -18,7 +18,7 @@ import torch
 from hypothesis import settings
 
 from export.onnx_export import export_onnx
-from export.validate import validate_model
+from export.validation import validate_model
 from properties.targets import load_target
 
 SIZES = ((1, 16, 512, 8), (8, 128, 512, 8), (4, 512, 512, 8), (1, 2048, 512, 8))  # (B, L, D, H)
@@ -50,7 +50,8 @@ def main() -> None:
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
             q, k, v = (torch.randn(B, L, D) for _ in range(3))
-            feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()}  # no mask: the optional input is left out
+            feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(),
+                    "mask": torch.ones(1, 1, 1, 1, dtype=torch.bool).numpy()}  # (1, 1, 1, 1) True: no mask
             eager_t, ort_t = [], []
             with torch.inference_mode():
                 bound(q, k, v)
@@ -68,13 +69,13 @@ def main() -> None:
         path = Path(tmp) / "small.onnx"
         export_onnx(bound, path, exporter=args.exporter)
         start = time.perf_counter()
-        results = validate_model(path, bound, settings=settings(max_examples=100, derandomize=True, deadline=None))
+        results = validate_model(path, eager=bound,
+                                 settings=settings(max_examples=100, derandomize=True, deadline=None))
         seconds = time.perf_counter() - start
         n = sum(r.examples for r in results)
         failed = sum(r.failed for r in results)
         print(f"validation: {n} examples in {seconds:.1f} s = {n / seconds:.0f} examples/s "
               f"({len(results)} checks, {failed} failed; cpu, opt-none + opt-all)")
-
 
 
 if __name__ == "__main__":

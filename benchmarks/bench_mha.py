@@ -1,6 +1,7 @@
 """Forward latency of the reference against the alternatives, measured side by side.
 
     python -m benchmarks.bench_mha [--reps N] [--sizes 1,16,512,8 ...] [--no-onnx]
+    python -m benchmarks.bench_mha --ort [--reps N] [--sizes ...]    # the ort/eager table only
 
 Contenders, interleaved in a shuffled order on every repetition so that a noisy machine
 affects all alike: the reference's fast path; a hand-written block of four nn.Linear plus
@@ -9,6 +10,14 @@ math path (need_weights=True, the seed's formula); and the exported model in onn
 Prints medians and ratios to the hand-written block, the reference's FLOP rate against
 this machine's own matmul rate measured in the same run, and the peak memory of a
 long-context forward (in a child process).
+
+``--ort``: onnxruntime against eager, self-attention, with and without a mask (a (B, 1, L, L)
+bool padding-style mask with ~10% of keys removed), interleaved, 2 threads each (torch's intra-op
+threads and onnxruntime's, no spinning). Graphs: the dynamo export at the newest opset (the
+standard ``Attention`` operator) with a mask input and mask-free (``--no-mask-input``), and
+the ``ort-contrib`` graph (``com.microsoft.MultiHeadAttention``) likewise; "no mask" is timed
+on the mask-free graph and on the mask graph fed a (1, 1, 1, 1) True mask (what a deployment
+with one graph pays).
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -67,30 +76,77 @@ def _inner(fn: Callable[[], object]) -> int:
     return max(1, min(200, int(0.02 / max(t, 1e-7))))
 
 
-_EXPORTED: dict[tuple[int, int], object] = {}
+_EXPORTED: dict[tuple[int, int, str, bool], object] = {}
 
 
-def _onnx_runner(ref: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-                 ) -> Callable[[], object]:
-    """The reference exported with the dynamo exporter, run in onnxruntime on the CPU."""
+def _session(ref: MultiHeadAttention, graph: str, mask_input: bool) -> object:
+    """The reference as ONNX (``graph`` "torch": dynamo at the newest opset; or "ort-contrib"),
+    in onnxruntime's CPU provider with as many intra-op threads as torch, no spinning."""
     import tempfile
 
     import onnxruntime as ort
 
     from export.onnx_export import as_bound, export_onnx
 
-    key = (ref.d_model, ref.n_head)
+    key = (ref.d_model, ref.n_head, graph, mask_input)
     if key not in _EXPORTED:
         path = Path(tempfile.mkdtemp()) / "ref.onnx"
-        export_onnx(as_bound(ref), path, exporter="dynamo")
+        export_onnx(as_bound(ref), path, exporter="dynamo", graph=graph, mask_input=mask_input)
         options = ort.SessionOptions()
         options.log_severity_level = 3
         options.intra_op_num_threads = torch.get_num_threads()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # leave the cores to the others
         _EXPORTED[key] = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    session = _EXPORTED[key]
-    feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()}  # the optional mask input is left out
+    return _EXPORTED[key]
+
+
+def _onnx_runner(ref: MultiHeadAttention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 graph: str = "torch", mask: torch.Tensor | None = None, mask_input: bool = False,
+                 ) -> Callable[[], object]:
+    """One onnxruntime call on (q, k, v[, mask]); a mask graph without ``mask`` is fed (1, 1, 1, 1) True."""
+    session = _session(ref, graph, mask_input)
+    feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()}
+    if mask_input:
+        feed["mask"] = (torch.ones(1, 1, 1, 1, dtype=torch.bool) if mask is None else mask).numpy()
     return lambda: session.run(None, feed)  # type: ignore[attr-defined]
+
+
+def bench_ort(B: int, L: int, D: int, H: int, *, reps: int) -> dict[str, float]:
+    """Medians of eager and onnxruntime contenders at (B, L, D, H), self-attention, interleaved."""
+    torch.manual_seed(0)
+    x = torch.randn(B, L, D)
+    mask = torch.rand(B, 1, L, L) < 0.9  # (B, 1, Lq, Lk) bool keep-mask
+    mask[..., 0] = True
+    ref = MultiHeadAttention(D, H, dropout=0.0).eval()
+    contenders: dict[str, Callable[[], object]] = {
+        "eager": lambda: ref(x, x, x), "eager+mask": lambda: ref(x, x, x, mask)}
+    for graph in ("torch", "ort-contrib"):
+        contenders[f"{graph} mask-free"] = _onnx_runner(ref, x, x, x, graph=graph)
+        contenders[f"{graph} all-True"] = _onnx_runner(ref, x, x, x, graph=graph, mask_input=True)
+        contenders[f"{graph}+mask"] = _onnx_runner(ref, x, x, x, graph=graph, mask=mask, mask_input=True)
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    with torch.inference_mode():
+        inner = {name: _inner(fn) for name, fn in contenders.items()}  # also the warm-up
+        for _ in range(reps):
+            order = list(contenders)
+            random.shuffle(order)
+            for name in order:
+                samples[name].append(_time(contenders[name], inner[name]))
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def ort_table(sizes: Sequence[tuple[int, ...]], reps: int) -> None:
+    """Print ort/eager per size: each graph, no mask (mask-free graph; mask graph fed all-True) and mask."""
+    print(f"ort/eager, self-attention, {torch.get_num_threads()} threads each, interleaved; "
+          "eager ms (no mask / mask), then ratios")
+    cols = ["torch mask-free", "torch all-True", "torch+mask", "ort-contrib mask-free", "ort-contrib all-True",
+            "ort-contrib+mask"]
+    print(f"{'B, L':>9}  {'eager ms':>17}  " + "  ".join(f"{c:>20}" for c in cols))
+    for B, L, D, H in sizes:
+        med = bench_ort(B, L, D, H, reps=reps)
+        ratios = [med[c] / med["eager+mask" if c.endswith("+mask") else "eager"] for c in cols]
+        print(f"{f'{B}, {L}':>9}  {med['eager'] * 1e3:>7.2f} / {med['eager+mask'] * 1e3:>7.2f}  "
+              + "  ".join(f"{r:>20.2f}" for r in ratios), flush=True)
 
 
 def bench_size(B: int, L: int, D: int, H: int, *, cross: bool, reps: int, onnx: bool) -> dict[str, float]:
@@ -165,8 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="*", default=None, help="B,L,D,H tuples")
     parser.add_argument("--no-onnx", action="store_true")
     parser.add_argument("--no-long-context", action="store_true")
+    parser.add_argument("--ort", action="store_true", help="only the onnxruntime/eager table")
+    parser.add_argument("--threads", type=int, default=None, help="torch and onnxruntime intra-op threads")
     args = parser.parse_args(argv)
     sizes = [tuple(int(x) for x in s.split(",")) for s in args.sizes] if args.sizes else SIZES
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.ort:
+        ort_table(sizes, args.reps)
+        return 0
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; medians of {args.reps} interleaved reps")
     rate = matmul_rate(args.reps)
     print(f"matmul rate (1024^3 float32, this run): {rate / 1e9:.1f} GFLOP/s\n")

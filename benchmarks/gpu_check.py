@@ -4,8 +4,8 @@
 
 For each (exporter, dtype) in {dynamo, torchscript} x {float32, float16}: export on the GPU
 (CUDA tensors while tracing), validate on CUDAExecutionProvider (and TensorRT if present)
-and CPUExecutionProvider against the float64 oracle with every check of
-``export.validate``, then compare CUDA EP outputs with CPU EP outputs directly at larger
+and CPUExecutionProvider with the property registry and the onnxruntime-vs-eager check
+(``export.validation``; each provider a target), then compare CUDA EP outputs with CPU EP outputs directly at larger
 shapes, and torch's CUDA eager module with the oracle. Prints a summary; exit 1 if anything
 failed, 2 if there is no GPU. Not run on the development machine (it has no GPU).
 """
@@ -21,9 +21,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
+from export.interface import read_interface
 from export.onnx_export import export_onnx
-from export.ort_model import OrtModel, available_providers
-from export.validate import validate_model
+from export.ort_target import OrtModule, available_providers, make_session
+from export.validation import validate_model
 from mha.reference import multi_head
 from mha.tolerance import compare
 from mha_verify.export_cmds import format_results
@@ -54,22 +55,22 @@ def main() -> int:
                 path = Path(tmp) / f"{exporter}-{dtype}.onnx"
                 export_onnx(bound, path, exporter=exporter, dtype=dtype, device="cuda")
                 bound.module.cpu()
-                results += validate_model(path, bound, settings=settings, providers=providers)
+                results += validate_model(path, eager=bound, settings=settings, providers=providers)
                 # CUDA EP vs CPU EP and the oracle at larger shapes; torch CUDA eager vs the oracle
                 big = load_target().build(256, 8, seed=1, dtype=dtype)
                 big_path = Path(tmp) / f"big-{exporter}-{dtype}.onnx"
                 export_onnx(big, big_path, exporter=exporter, dtype=dtype)
-                model = OrtModel(big_path)
+                info = read_interface(big_path)
+                cpu_ep = OrtModule(info, make_session(big_path, "cpu", "opt-all"))
+                cuda_ep = OrtModule(info, make_session(big_path, "cuda", "opt-all"))
                 gen = torch.Generator().manual_seed(0)
                 for B, Lq, Lk in ((1, 1, 1), (4, 128, 96), (2, 512, 512)):
                     q, k, v = (torch.randn(B, L, 256, generator=gen).to(dtype) for L in (Lq, Lk, Lk))
                     keep = torch.rand(B, 1, Lq, Lk, generator=gen) < 0.7
                     keep[:, :, 0] = False  # a fully masked row
-                    feed = model.feed(q.numpy(), k.numpy(), v.numpy(), keep.numpy())
                     oracle, _ = multi_head(q, k, v, big.params(), 8, keep)
                     same, _ = multi_head(q, k, v, big.params(), 8, keep, dtype=dtype)
-                    cpu = torch.from_numpy(model.run("cpu", "opt-all", feed))
-                    cuda = torch.from_numpy(model.run("cuda", "opt-all", feed))
+                    cpu, cuda = cpu_ep(q, k, v, keep), cuda_ep(q, k, v, keep)
                     with torch.no_grad():
                         eager_cuda = big.module.cuda()(q.cuda(), k.cuda(), v.cuda(), keep.cuda()).cpu()
                     big.module.cpu()

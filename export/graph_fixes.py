@@ -2,7 +2,7 @@
 
 See :mod:`export.wrapper` for the interface. Torch exports the graph with a full
 (B, H, Lq, Lk) example mask whose dims are tied to those of q and k; these edits make the
-mask input broadcastable and optional:
+mask input broadcastable:
 
 1. **Re-source dimensions.** The dynamo exporter materializes a symbolic size from any
    input that carries it; it often reads B from ``Shape(mask)``. After the mask is allowed
@@ -10,7 +10,10 @@ mask input broadcastable and optional:
    sizes read from q (B, Lq) and k (Lk) and the constant H. In the traced program the mask's
    dims *are* those symbols, so the graph computes the same function.
 2. **Relax the mask input** to dims ``mask_batch, mask_heads, mask_lq, mask_lk``.
-3. **Default** it with a (1, 1, 1, 1) True initializer of the same name (no mask).
+
+The mask stays a plain, required graph input (no initializer of the same name): every
+binding's ``get_inputs()`` lists it, and onnxruntime logs no "Initializer mask appears in
+graph inputs" warning. A mask-free graph is a separate export (``mask_input=False``).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def resource_mask_dims(model: onnx.ModelProto, n_head: int, mask: str = "mask") 
 
 
 def relax_mask_input(model: onnx.ModelProto, mask: str = "mask") -> None:
-    """Make the mask input (rank 4, bool) broadcastable and optional (steps 2 and 3)."""
+    """Make the mask input (rank 4, bool) broadcastable (step 2)."""
     inputs = {i.name: i for i in model.graph.input}
     if mask not in inputs:
         raise ValueError(f"the exported graph has no input {mask!r} (inputs: {', '.join(inputs)})")
@@ -74,8 +77,6 @@ def relax_mask_input(model: onnx.ModelProto, mask: str = "mask") -> None:
     for dim, name in zip(tensor_type.shape.dim, MASK_DIMS, strict=True):
         dim.Clear()
         dim.dim_param = name
-    if not any(init.name == mask for init in model.graph.initializer):
-        model.graph.initializer.append(numpy_helper.from_array(np.ones((1, 1, 1, 1), dtype=np.bool_), mask))
 
 
 def refresh_shapes(model: onnx.ModelProto) -> onnx.ModelProto:

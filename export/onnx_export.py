@@ -1,17 +1,20 @@
 """Export an attention target to ONNX with torch's dynamo or TorchScript exporter.
 
-``export_onnx`` writes a model whose interface :mod:`export.wrapper` documents (q, k, v, an
-optional broadcastable bool mask; ``out`` first), with B, Lq and Lk dynamic and independent,
-checked by ``onnx.checker`` (full check) and strict shape inference, carrying metadata, and
-written atomically.
+``export_onnx`` writes a model whose interface :mod:`export.wrapper` documents (q, k, v, a
+required broadcastable bool mask, or none in a mask-free graph; ``out`` first), with B, Lq
+and Lk dynamic and independent, checked by ``onnx.checker`` (full check) and strict shape
+inference, carrying metadata (d_model, n_head, the conventions, the mha-verify version), and
+written atomically after a session loaded it without a warning (:func:`session_warnings`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import io
 import os
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -22,16 +25,20 @@ import torch
 from torch import nn
 
 from export.atomic import atomic_path
+from export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
 from export.graph_fixes import refresh_shapes, relax_mask_input, resource_mask_dims
 from export.opsets import ATTENTION_OP_OPSET, check_opset
-from export.wrapper import ExportWrapper, example_inputs
+from export.wrapper import ExportWrapper, MaskFreeWrapper, example_inputs
 from properties.adapters import Adapter, find_adapter
 from properties.targets import Bound
 
 INPUT_NAMES = ("q", "k", "v", "mask")
 OUTPUT_NAME = "out"
-MASK_CONVENTION = "bool keep-mask (True = may attend), rank 4, each axis 1 or (B, H, Lq, Lk); omitted = no mask"
+MASK_CONVENTION = ("bool keep-mask (True = may attend), rank 4, each axis 1 or (B, H, Lq, Lk); "
+                   "(1, 1, 1, 1) True = no mask")
+NO_MASK_CONVENTION = "none: a mask-free graph (inputs q, k, v)"
 DTYPES = {"float32": torch.float32, "float16": torch.float16}
+GRAPHS = ("torch", GRAPH_LABEL)
 # Ranges declared for the dynamic dims (dynamo); the graphs themselves have no upper bound.
 _MAX_BATCH, _MAX_LEN = 1 << 16, 1 << 20
 
@@ -106,9 +113,10 @@ def _dynamo(wrapper: nn.Module, args: tuple[torch.Tensor, ...], opset: int) -> o
     lk = torch.export.Dim("lk", min=1, max=_MAX_LEN)
     shapes = {"q": {0: batch, 1: lq}, "k": {0: batch, 1: lk}, "v": {0: batch, 1: lk},
               "mask": {0: batch, 2: lq, 3: lk}}
+    names = list(INPUT_NAMES[:len(args)])
     program = torch.onnx.export(
-        wrapper, args, None, dynamo=True, opset_version=opset, dynamic_shapes=shapes,
-        input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME], verbose=False,
+        wrapper, args, None, dynamo=True, opset_version=opset, dynamic_shapes={n: shapes[n] for n in names},
+        input_names=names, output_names=[OUTPUT_NAME], verbose=False,
     )
     if program is None:  # pragma: no cover - dynamo=True with f=None always returns a program
         raise ExportError("torch.onnx.export returned no program")
@@ -119,12 +127,34 @@ def _torchscript(wrapper: nn.Module, args: tuple[torch.Tensor, ...], opset: int)
     buf = io.BytesIO()
     axes = {"q": {0: "batch", 1: "lq"}, "k": {0: "batch", 1: "lk"}, "v": {0: "batch", 1: "lk"},
             "mask": {0: "batch", 2: "lq", 3: "lk"}, OUTPUT_NAME: {0: "batch", 1: "lq"}}
+    names = list(INPUT_NAMES[:len(args)])
     torch.onnx.export(
         wrapper, args, buf,  # type: ignore[arg-type]  # torch documents file objects for the TorchScript exporter
-        dynamo=False, opset_version=opset, input_names=list(INPUT_NAMES),
-        output_names=[OUTPUT_NAME], dynamic_axes=axes,
+        dynamo=False, opset_version=opset, input_names=names,
+        output_names=[OUTPUT_NAME], dynamic_axes={n: axes[n] for n in [*names, OUTPUT_NAME]},
     )
     return onnx.load_from_string(buf.getvalue())
+
+
+def _trace(bound: Bound, exporter: str, opset: int, dtype: torch.dtype, device: torch.device | str,
+           mask_input: bool) -> onnx.ModelProto:
+    """The target traced by torch's ``exporter`` through the wrapper (ExportError if torch fails)."""
+    bound.module.to(device)
+    wrapper: nn.Module = (ExportWrapper(bound) if mask_input else MaskFreeWrapper(bound)).eval()
+    args: tuple[torch.Tensor, ...] = example_inputs(bound.d_model, bound.n_head, dtype=dtype, device=device)
+    if not mask_input:
+        args = args[:3]
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            proto = (_dynamo if exporter == "dynamo" else _torchscript)(wrapper, args, opset)
+    except Exception as exc:
+        raise ExportError(f"torch.onnx.export ({exporter}, opset {opset}) failed: {type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+    written = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if written != opset:
+        raise ExportError(f"asked the {exporter} exporter for opset {opset}, it wrote opset {written}")
+    return proto
 
 
 def set_metadata(model: onnx.ModelProto, values: dict[str, str]) -> None:
@@ -134,6 +164,32 @@ def set_metadata(model: onnx.ModelProto, values: dict[str, str]) -> None:
     model.metadata_props.extend(keep)
     for key, value in values.items():
         model.metadata_props.add(key=key, value=value)
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path):  # type: ignore[no-untyped-def]
+    """Redirect file descriptor 2 (where onnxruntime's C++ logger writes) to ``path``."""
+    saved = os.dup(2)
+    try:
+        with open(path, "wb") as f:
+            os.dup2(f.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def session_warnings(path: str | os.PathLike[str]) -> list[str]:
+    """What onnxruntime logs at level warning (and above) while loading ``path`` on the CPU provider."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 2  # warning
+    with tempfile.TemporaryDirectory(prefix="mha-verify-log-") as tmp:
+        log = Path(tmp) / "stderr.txt"
+        with _stderr_to(log):
+            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        return [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
 
 
 def export_onnx(
@@ -147,6 +203,8 @@ def export_onnx(
     n_head: int | None = None,
     device: torch.device | str = "cpu",
     target_spec: str | None = None,
+    mask_input: bool = True,
+    graph: str = "torch",
 ) -> ExportInfo:
     """Export ``target`` to ONNX at ``path`` (atomically) and return what was written.
 
@@ -161,38 +219,49 @@ def export_onnx(
         dtype: torch.float32 or torch.float16; the model's inputs and output have this dtype.
         device: where the module and example inputs live while tracing ("cuda" for a GPU
             export; the graph is device-independent).
+        mask_input: True (default): a required ``mask`` input; False: a mask-free graph with
+            inputs q, k, v only, for deployments that never mask (no mask work at run time).
+        graph: "torch" (default): what ``exporter`` traces from the target's code, standard
+            ONNX; "ort-contrib": onnxruntime's fused ``com.microsoft.MultiHeadAttention``
+            built from the target's parameters (:mod:`export.contrib_graph`; onnxruntime only,
+            labelled in the metadata; ``exporter`` and ``opset`` are then ignored).
     Raises:
         ValueError / TypeError for bad arguments; ExportError if torch fails to export or the
         model fails ``onnx.checker``/shape inference. Nothing is written then.
     """
     if dtype not in DTYPES.values():
         raise TypeError(f"dtype must be one of {', '.join(DTYPES)}, got dtype={dtype}")
-    opset = check_opset(exporter, opset)
+    if graph not in GRAPHS:
+        raise ValueError(f"graph must be one of {GRAPHS}, got graph={graph!r}")
     bound = _in_dtype(as_bound(target, d_model=d_model, n_head=n_head), dtype)
-    bound.module.to(device)
-    wrapper = ExportWrapper(bound).eval()
-    args = example_inputs(bound.d_model, bound.n_head, dtype=dtype, device=device)
     start = time.perf_counter()
+    extra: dict[str, str] = {}
+    if graph == GRAPH_LABEL:
+        exporter, opset = GRAPH_LABEL, 18
+        proto = contrib_model(bound.params(), bound.d_model, bound.n_head, dtype=dtype, mask_input=mask_input)
+        extra = {"graph": GRAPH_LABEL, "graph_operator": OPERATOR,
+                 "graph_note": "not standard ONNX: runs in onnxruntime only; the reference formula with the "
+                               "target's parameters"}
+    else:
+        opset = check_opset(exporter, opset)
+        proto = _trace(bound, exporter, opset, dtype, device, mask_input)
+        extra = {"graph": "standard"}
     try:
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")
-            proto = (_dynamo if exporter == "dynamo" else _torchscript)(wrapper, args, opset)
-    except Exception as exc:
-        raise ExportError(f"torch.onnx.export ({exporter}, opset {opset}) failed: {type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
-    written = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-    if written != opset:
-        raise ExportError(f"asked the {exporter} exporter for opset {opset}, it wrote opset {written}")
-    try:
-        resource_mask_dims(proto, bound.n_head)
-        relax_mask_input(proto)
+        if mask_input and graph != GRAPH_LABEL:
+            resource_mask_dims(proto, bound.n_head)
+            relax_mask_input(proto)
         proto = refresh_shapes(proto)
+        from mha_verify import __version__
+
         set_metadata(proto, {
-            "d_model": str(bound.d_model), "n_head": str(bound.n_head), "mask_convention": MASK_CONVENTION,
-            "fully_masked": bound.conventions.fully_masked, "exporter": exporter, "opset": str(opset),
-            "dtype": dtype_name(dtype), "torch_version": torch.__version__,
+            "d_model": str(bound.d_model), "n_head": str(bound.n_head),
+            "mask_convention": MASK_CONVENTION if mask_input else NO_MASK_CONVENTION,
+            "fully_masked": bound.conventions.fully_masked, "conventions": bound.conventions.describe(),
+            "exporter": exporter, "opset": str(opset),
+            "dtype": dtype_name(dtype), "torch_version": torch.__version__, "mha_verify_version": __version__,
             "target": target_spec or f"{type(bound.module).__module__}.{type(bound.module).__qualname__}",
             "onnx_attention_op": str(any(n.op_type == "Attention" for n in proto.graph.node)).lower(),
+            **extra,
         })
         onnx.checker.check_model(proto, full_check=True)
     except (ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
@@ -200,7 +269,11 @@ def export_onnx(
     with atomic_path(path) as tmp:
         onnx.save_model(proto, tmp)
         onnx.checker.check_model(str(tmp), full_check=True)  # what is on disk, not only in memory
+        logged = session_warnings(tmp)
+        if logged:
+            raise ExportError(f"onnxruntime logs warnings loading the exported model: {' | '.join(logged)[:500]}")
     return ExportInfo(Path(path), exporter, opset, dtype, bound.d_model, bound.n_head, time.perf_counter() - start)
 
 
-__all__ = ["ATTENTION_OP_OPSET", "DTYPES", "ExportError", "ExportInfo", "as_bound", "config_name", "export_onnx"]
+__all__ = ["ATTENTION_OP_OPSET", "DTYPES", "GRAPHS", "ExportError", "ExportInfo", "as_bound", "config_name",
+           "export_onnx", "session_warnings"]

@@ -5,12 +5,14 @@ The graph's interface (what :func:`export.onnx_export.export_onnx` writes):
 * ``q`` (B, Lq, D), ``k`` (B, Lk, D), ``v`` (B, Lk, D) in the model's dtype; B, Lq and Lk
   dynamic and independent of each other.
 * ``mask``: a **bool keep-mask** (True = this query may attend to this key) of rank 4 whose
-  every axis is either 1 or the full size of (B, H, Lq, Lk). It is *optional*: the graph
-  carries an initializer of the same name, a (1, 1, 1, 1) True tensor, which onnxruntime
-  uses when the input is not fed (an ONNX "overridable initializer"), so leaving it out
-  means "no mask". One graph serves both cases; the alternative, two graphs with and
-  without a mask, doubles export time and leaves the user to pick the right file. The
-  cost of the default is a broadcast ``Where`` over the scores, small next to the matmuls.
+  every axis is either 1 or the full size of (B, H, Lq, Lk); a real, required graph input
+  that every binding's ``get_inputs()`` lists. "No mask" is a (1, 1, 1, 1) True tensor.
+  The former overridable initializer (a default mask of the same name) hid the input from
+  ``get_inputs()`` and made every session log "Initializer mask appears in graph inputs";
+  a caller feeding inputs positionally silently ran unmasked.
+  Deployments that never mask export a **mask-free graph** instead (``mask_input=False``,
+  ``mha-verify export --no-mask-input``): inputs q, k, v only, and no mask work at run time
+  (BENCHMARKS.md measures what an all-True mask costs against it).
   Additive float masks are not a graph input: 0/-inf masks convert exactly to bool
   (``mask > -inf``); finite biases have no bool form.
 * ``out`` (B, Lq, D), the first output.
@@ -79,3 +81,15 @@ def example_inputs(
     mask = (torch.rand(batch, n_head, lq, lk, generator=gen) < 0.8).to(device)
     mask[..., 0] = True  # no dead rows in the example (keeps every path traced alike)
     return q, k, v, mask
+
+
+class MaskFreeWrapper(nn.Module):
+    """``forward(q, k, v)``: the target with no mask, for a mask-free graph."""
+
+    def __init__(self, bound: Bound) -> None:
+        super().__init__()
+        self.target = bound.module
+        self._adapter = bound.adapter
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._adapter.call(self.target, q, k, v, None)

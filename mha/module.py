@@ -54,11 +54,21 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, d_model, bias=bias)
         self.w_o = nn.Linear(d_model, d_model, bias=bias)
 
+    # ``need_weights`` is positional-or-keyword, not keyword-only: torch's TorchScript exporter
+    # (torch.onnx.export(..., dynamo=False)) passes the defaults of every parameter positionally,
+    # and a keyword-only one made it fail with "forward() takes from 4 to 5 positional arguments
+    # but 6 were given". Callers still pass it by keyword; the contract is unchanged.
     @overload
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-        *, need_weights: Literal[False] = False,
+        need_weights: Literal[False] = False,
     ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+        need_weights: Literal[True],
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     @overload
     def forward(
@@ -68,7 +78,7 @@ class MultiHeadAttention(nn.Module):
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-        *, need_weights: bool = False,
+        need_weights: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         weight = self.w_q.weight
         B, Lq, Lk = check_qkv(q, k, v, d_model=self.d_model, dtype=weight.dtype, device=weight.device)

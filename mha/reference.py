@@ -126,6 +126,36 @@ def multi_head(
     return _output(concat, p), weights
 
 
+def same_precision(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype, oracle: torch.Tensor, causal: bool = False,
+    fully_masked: str = "zeros",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The "same-precision reference" that calibrates tolerances: :func:`multi_head` in ``dtype``.
+
+    Evaluated twice, on the inputs as given and on inputs perturbed by one rounding error of
+    ``dtype`` (relative, fixed seed); returns (output, weights) of the evaluation farther from
+    ``oracle`` (B, Lq, D). One evaluation's error is a single draw of the rounding; where the
+    problem is ill-conditioned (scores of 1e5 and more, where the softmax amplifies rounding),
+    two draws bound what another correct implementation in ``dtype`` may do far better.
+    """
+    first = multi_head(q, k, v, params, n_head, mask, dtype=dtype, causal=causal, fully_masked=fully_masked)
+    eps = torch.finfo(dtype).eps
+    gen = torch.Generator().manual_seed(0)
+
+    def nudge(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(dtype) * (1 + eps * (2 * torch.rand(t.shape, generator=gen) - 1)).to(dtype)
+
+    second = multi_head(nudge(q), nudge(k), nudge(v), params, n_head, mask, dtype=dtype, causal=causal,
+                        fully_masked=fully_masked)
+
+    def error(t: torch.Tensor) -> float:
+        diff = (t.double() - oracle.double()).abs().nan_to_num(math.inf)
+        return float(diff.max()) if diff.numel() else 0.0
+
+    return max(first, second, key=lambda pair: error(pair[0]))
+
+
 def kv_heads(params: MHAParams, n_head: int) -> int:
     """Hkv, the number of key/value heads (H for multi-head, fewer for grouped-query attention).
 

@@ -35,7 +35,7 @@ def _usage(message: str) -> int:
 
 
 def _providers(text: str) -> list[str]:
-    from export.ort_model import PROVIDERS, available_providers
+    from export.ort_target import PROVIDERS, available_providers
 
     wanted = [p.strip() for p in text.split(",") if p.strip()]
     have = available_providers()
@@ -52,10 +52,10 @@ def _providers(text: str) -> list[str]:
 def cmd_export(args: argparse.Namespace) -> int:
     """Export, validate in a temp file next to the output, then move it into place."""
     from export.atomic import atomic_path
+    from export.interface import ModelError
     from export.onnx_export import DTYPES, ExportError, export_onnx
     from export.opsets import check_opset
-    from export.ort_model import ModelError
-    from export.validate import validate_model
+    from export.validation import validate_model
     from properties import profiles
     from properties.targets import TargetError, load_target
 
@@ -64,10 +64,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         settings = profiles.PROFILES[profiles.profile_name(args.profile)]
         dtype = DTYPES[args.dtype]
         out = Path(args.output)
+        if args.graph != "torch":  # a non-standard graph is labelled in its file name too
+            from export.contrib_graph import contrib_file_name
+
+            out = out.with_name(contrib_file_name(out.name))
         if not out.parent.is_dir():
             raise ValueError(f"output directory {str(out.parent)!r} does not exist")
         target = load_target(args.target)
-        bound = target.build(args.d_model, args.n_head, seed=args.seed, dtype=dtype)
+        bound = target.build(args.d_model, args.n_head, seed=_weight_seed(args), dtype=dtype)
         if args.weights is not None:
             import torch
 
@@ -83,8 +87,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     try:
         with atomic_path(out) as tmp:
-            info = export_onnx(bound, tmp, exporter=args.exporter, opset=opset, dtype=dtype, target_spec=target.spec)
-            results = validate_model(tmp, bound, settings=settings, bundle_dir=args.bundle_dir, name=info.config)
+            info = export_onnx(bound, tmp, exporter=args.exporter, opset=opset, dtype=dtype, target_spec=target.spec,
+                               mask_input=not args.no_mask_input, graph=args.graph)
+            results = validate_model(tmp, eager=bound, settings=settings, bundle_dir=args.bundle_dir,
+                                     name=info.config)
             print(format_results(results))
             if any(r.failed for r in results):
                 raise _Abort
@@ -98,29 +104,50 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _weight_seed(args: argparse.Namespace) -> int:
+    """The seed of the target's initial weights, under the flag's old (--seed) or new (--weight-seed) name."""
+    return int(getattr(args, "weight_seed", getattr(args, "seed", 0)) or 0)
+
+
+def _isolated(args: argparse.Namespace) -> bool:
+    """Whether to run checks in the gate's worker process (--no-isolate / --no-isolation turn it off)."""
+    return bool(getattr(args, "isolate", True)) and not getattr(args, "no_isolation", False)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate an existing model file against the target (isolated in a child process by default)."""
-    from export.isolate import bind_to_model, validate_isolated
-    from export.ort_model import ModelError, read_interface
-    from export.validate import validate_model
+    """Validate any attention ONNX model: its interface, the property registry in onnxruntime (each
+    provider and optimization level a target), and onnxruntime against the eager target when one
+    is given; each check a task of the gate's isolation path (a crash or hang is that check's failure).
+    """
+    from export.interface import ModelError, parse_input_map, read_interface
+    from export.ort_target import load_eager, params_from_graph
+    from export.validation import interface_result, validation_tasks
+    from mha_verify.isolation import Limits, run_tasks
     from properties import profiles
     from properties.targets import TargetError
 
     try:
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
-        info = read_interface(args.model)
-        bound = bind_to_model(info, target_spec=args.target, weights=args.weights, seed=args.seed,
-                              d_model=args.d_model, n_head=args.n_head)
-    except (TargetError, ModelError, ValueError) as exc:
+        mapping = parse_input_map(args.inputs)
+        info = read_interface(args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head)
+        if info.d_model is None or info.n_head is None:
+            raise ModelError(f"cannot tell d_model and n_head of {args.model} (d_model={info.d_model}, "
+                             f"n_head={info.n_head}): pass --d-model and --n-head")
+        if args.weights is not None or args.target is not None:
+            load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=_weight_seed(args))
+        else:
+            params_from_graph(info)
+        if args.bundle_dir:
+            Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
+    except (TargetError, ModelError, ValueError, OSError) as exc:
         return _usage(str(exc))
-    if args.isolate:
-        results = validate_isolated(args.model, target_spec=args.target, weights=args.weights, seed=args.seed,
-                                    profile=profile, providers=providers, bundle_dir=args.bundle_dir,
-                                    d_model=args.d_model, n_head=args.n_head, timeout=args.timeout)
-    else:
-        results = validate_model(args.model, bound, settings=profiles.PROFILES[profile], providers=providers,
-                                 bundle_dir=args.bundle_dir)
+    print(info.describe())
+    tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
+                             weights=args.weights, weight_seed=_weight_seed(args), mapping=mapping,
+                             bundle_dir=args.bundle_dir)
+    limits = Limits(timeout=args.timeout) if _isolated(args) else None
+    results = [interface_result(info, info.config), *run_tasks(tasks, limits=limits)]
     print(format_results(results))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
@@ -161,6 +188,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     ex.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the newest supported)")
     ex.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="model dtype")
     ex.add_argument("-o", "--output", required=True, metavar="model.onnx", help="where to write the model")
+    ex.add_argument("--graph", choices=("torch", "ort-contrib"), default="torch",
+                    help="torch: the exporter's standard ONNX (default); ort-contrib: onnxruntime's fused "
+                         "com.microsoft.MultiHeadAttention (onnxruntime only; written as NAME.ort-contrib.onnx)")
+    ex.add_argument("--no-mask-input", action="store_true",
+                    help="write a mask-free graph (inputs q, k, v): for deployments that never mask")
     ex.set_defaults(func=cmd_export)
 
     va = subparsers.add_parser("validate", help="validate an ONNX model against a target in onnxruntime",
@@ -168,8 +200,11 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     va.add_argument("model", metavar="model.onnx")
     _common(va)
     va.add_argument("--providers", default="cpu", help="comma-separated: cpu, cuda, tensorrt (default cpu)")
-    va.add_argument("--d-model", type=int, default=None, help="override d_model (default: model metadata)")
-    va.add_argument("--n-head", type=int, default=None, help="override n_head (default: model metadata)")
+    va.add_argument("--d-model", type=int, default=None, help="override d_model (default: from the model)")
+    va.add_argument("--n-head", type=int, default=None,
+                    help="override n_head (default: from the model's metadata, attention op, mask or head split)")
+    va.add_argument("--inputs", default=None, metavar="q=NAME,k=NAME,v=NAME,mask=NAME",
+                    help="map the model's input names to roles q, k, v, x, mask (default: by name, then position)")
     va.add_argument("--no-isolation", dest="isolate", action="store_false",
                     help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
     va.add_argument("--timeout", type=float, default=600.0, help="seconds before an isolated run counts as hung")

@@ -53,7 +53,21 @@ def property_check(*, spec: str | None, adapter: str | None, name: str, profile:
 def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_examples: int | None,
                   database: str | None, bundle_dir: str | None) -> list[CheckResult]:
     """The export stage: both exporters, validated in onnxruntime."""
-    from export.stage import export_stage
+    from export.export_stage import export_stage
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     return export_stage(load_target(spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir)
+
+
+def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str, max_examples: int | None,
+               database: str | None, seed: int | None, target_spec: str | None, weights: str | None,
+               weight_seed: int, mapping: dict[str, str], d_model: int | None, n_head: int | None,
+               bundle_dir: str | None, config: str) -> list[CheckResult]:
+    """One check (a property, or ort_vs_eager) of an ONNX model in one (provider, optimization level)."""
+    from export.validation import run_onnx_check
+
+    settings = make_settings(profile, max_examples=max_examples, database=database)
+    return [run_onnx_check(model=model, check=check, provider=provider, opt=opt, settings=settings,
+                           seed=seed_for(profile, seed, database), target_spec=target_spec, weights=weights,
+                           weight_seed=weight_seed, mapping=mapping, d_model=d_model, n_head=n_head,
+                           bundle_dir=bundle_dir, config=config)]

@@ -51,7 +51,7 @@ def mask_zeroes_weights(bound: Bound, ex: AttnExample) -> Measure:
     return Measure()
 
 
-@invariant("masked_kv_invariance", strategy=_with_mask())
+@invariant("masked_kv_invariance", strategy=_with_mask(), reach="full")
 def masked_kv_invariance(bound: Bound, ex: AttnExample) -> Measure:
     """Replacing k and v at masked key positions does not change the output.
 
@@ -144,7 +144,7 @@ def _dead(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
                         need_mask=True)
 
 
-@invariant("fully_masked_rows", strategy=_dead)
+@invariant("fully_masked_rows", strategy=_dead, reach="full")
 def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
     """A query row whose keys are all masked gets zero weights: its output is w_o(0) = b_o.
 

@@ -29,7 +29,8 @@ def _full_mask(ex: AttnExample) -> torch.Tensor | None:
 
 
 @invariant("query_permutation", strategy=_positions,
-           causal_forbids="query i sees keys j <= i, so permuting positions changes what each query sees")
+           causal_forbids="query i sees keys j <= i, so permuting positions changes what each query sees",
+           reach="full")
 def query_permutation(bound: Bound, ex: AttnExample) -> Measure:
     """Permuting query positions permutes the output rows the same way.
 
@@ -54,7 +55,8 @@ def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("key_permutation", strategy=_cross,
-           causal_forbids="the order of keys is what the causal mask reads, so permuting them changes the output")
+           causal_forbids="the order of keys is what the causal mask reads, so permuting them changes the output",
+           reach="full")
 def key_permutation(bound: Bound, ex: AttnExample) -> Measure:
     """Permuting key and value positions together (and the mask's columns) leaves the output unchanged.
 
@@ -71,7 +73,7 @@ def _batches(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, min_batch=2, mixed_scales=True)
 
 
-@invariant("batch_independence", strategy=_batches)
+@invariant("batch_independence", strategy=_batches, reach="full")
 def batch_independence(bound: Bound, ex: AttnExample) -> Measure:
     """Each batch item's output equals that item computed alone, whatever the other items hold.
 

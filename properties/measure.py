@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mha.reference import multi_head
+from mha.reference import multi_head, same_precision
 from mha.tolerance import Comparison, compare, tolerance_for
 from properties.strategies import AttnExample
 from properties.targets import Bound
@@ -71,8 +71,8 @@ def oracle(bound: Bound, ex: AttnExample, q: torch.Tensor | None = None, k: torc
     params = bound.params()
     conv = bound.conventions
     ref, ref_w = multi_head(q, k, v, params, bound.n_head, m, causal=conv.causal, fully_masked=conv.fully_masked)
-    same, _ = multi_head(q, k, v, params, bound.n_head, m, dtype=q.dtype, causal=conv.causal,
-                         fully_masked=conv.fully_masked)
+    same, _ = same_precision(q, k, v, params, bound.n_head, m, dtype=q.dtype, oracle=ref, causal=conv.causal,
+                             fully_masked=conv.fully_masked)
     return ref, ref_w, same
 
 

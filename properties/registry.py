@@ -32,6 +32,7 @@ class Property:
     needs_grads: bool = False  # n/a for targets that declare grads=False (an onnxruntime session)
     needs_dropout: bool = False  # n/a for targets that declare dropout=False
     causal_forbids: str | None = None  # why causality forbids it (n/a for causal targets), or None
+    reach: str = "modest"  # "full": every size case, swept; "modest": MODEST_CASES (several passes per example)
 
     def not_applicable(self, conv: Conventions) -> str | None:
         """Why this property cannot apply to a target of these conventions, decided before the run."""
@@ -59,18 +60,23 @@ PROPERTIES: dict[str, Property] = {}
 
 def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype = torch.float32, *,
               needs_grads: bool = False, needs_dropout: bool = False, causal_forbids: str | None = None,
-              ) -> Callable[[CheckFn], CheckFn]:
+              reach: str = "modest") -> Callable[[CheckFn], CheckFn]:
     """Register ``check`` as the property ``name`` (default examples: :func:`examples_for`).
 
     ``needs_grads``, ``needs_dropout`` and ``causal_forbids`` declare when the property
     cannot apply, so the runner decides it from the target's conventions before running.
+    ``reach="full"``: the property gets every size case of the strategies and the runner's
+    boundary sweep (the properties that see block-boundary bugs); "modest" keeps sizes that
+    several forward passes per example can afford.
     """
+    if reach not in ("full", "modest"):
+        raise ValueError(f"reach must be 'full' or 'modest', got reach={reach!r}")
 
     def register(check: CheckFn) -> CheckFn:
         if name in PROPERTIES:
             raise ValueError(f"property {name!r} is registered twice")
         PROPERTIES[name] = Property(name, check, strategy or (lambda conv: examples_for(conv, dtype=dtype)), dtype,
-                                    needs_grads, needs_dropout, causal_forbids)
+                                    needs_grads, needs_dropout, causal_forbids, reach)
         return check
 
     return register

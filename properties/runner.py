@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -20,7 +21,7 @@ from properties.keyed_database import keyed
 from properties.measure import Measure, Violation
 from properties.registry import Property, all_properties
 from properties.results import CheckResult
-from properties.strategies import AttnExample, boundary_cases, forced_size_case
+from properties.strategies import AttnExample, boundary_cases, forced_size_case, modest_size_cases
 from properties.targets import Target, TargetError
 
 
@@ -95,7 +96,8 @@ def run_property(
     conventions = conv.describe()
     reason = prop.not_applicable(conv)
     run_conv = dataclasses.replace(conv, dtype=run_dtype)
-    strategy = reason or prop.strategy(run_conv)
+    with contextlib.nullcontext() if prop.reach == "full" else modest_size_cases():
+        strategy = reason or prop.strategy(run_conv)
     if isinstance(strategy, str):
         return CheckResult(prop.name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start,
                            details={"conventions": conventions})
@@ -153,7 +155,8 @@ def run_property(
     # The random examples, then every boundary case of the sizes (two examples each): a short
     # derandomized run would otherwise reach only some of them. Random first, so that a bug
     # found at any size shrinks freely to the smallest example.
-    cases = boundary_cases() if settings.max_examples >= 3 * SWEEP_EXAMPLES * len(boundary_cases()) / 2 else ()
+    sweep = prop.reach == "full" and settings.max_examples >= 3 * SWEEP_EXAMPLES * len(boundary_cases()) / 2
+    cases = boundary_cases() if sweep else ()
     rest = max(1, settings.max_examples - SWEEP_EXAMPLES * len(cases))
     error = run(strategy, Settings(settings, max_examples=rest))
     for case in cases if error is None or isinstance(error, Unsatisfiable) else ():

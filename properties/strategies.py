@@ -111,6 +111,23 @@ class AttnExample(NamedTuple):
 
 
 _FORCED_CASE: ContextVar[tuple[str, object] | None] = ContextVar("mha_verify_size_case", default=None)
+# The cases of properties that cost several forward passes per example: lengths up to 33,
+# batches of 8, up to 8 heads of width 16 (no D = 1024, no 257-long rows).
+MODEST_CASES: tuple[tuple[str, object], ...] = (
+    *(("small", 0),) * 12, ("lk", 33), ("lk", 17), ("lq", 17), ("lq", 16), ("batch", 8), ("heads", (8, 16)),
+    ("heads", (5, 8)),
+)
+_CASE_TABLE: ContextVar[tuple[tuple[str, object], ...]] = ContextVar("mha_verify_size_cases", default=SIZE_CASES)
+
+
+@contextlib.contextmanager
+def modest_size_cases() -> Iterator[None]:
+    """Within the block, :func:`sizes` strategies built draw from :data:`MODEST_CASES`."""
+    token = _CASE_TABLE.set(MODEST_CASES)
+    try:
+        yield
+    finally:
+        _CASE_TABLE.reset(token)
 
 
 @contextlib.contextmanager
@@ -120,8 +137,8 @@ def forced_size_case(case: tuple[str, object]) -> Iterator[None]:
     The runner sweeps :func:`boundary_cases` this way before its random examples, so a short
     derandomized run reaches every boundary whatever Hypothesis's generator favours.
     """
-    if case not in SIZE_CASES:
-        raise ValueError(f"case must be one of SIZE_CASES, got case={case!r}")
+    if case not in SIZE_CASES and case not in MODEST_CASES:
+        raise ValueError(f"case must be one of SIZE_CASES or MODEST_CASES, got case={case!r}")
     token = _FORCED_CASE.set(case)
     try:
         yield
@@ -183,7 +200,7 @@ def sizes(
         return draw(st.integers(max(min_len, lo), max(min_len, lo, small_len)))
 
     forced = _FORCED_CASE.get()
-    cases = SIZE_CASES if forced is None else (forced,)
+    cases = _CASE_TABLE.get() if forced is None else (forced,)
 
     @st.composite
     def draw_sizes(draw: st.DrawFn) -> Sizes:

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given
 
 from mha import MultiHeadAttention, multi_head, params_of
+from mha.reference import same_precision
 from mha.tolerance import compare
 from properties.strategies import attention_examples
 from tests.conftest import seeded_mha
@@ -16,8 +17,8 @@ from tests.conftest import seeded_mha
 
 def _oracle_and_same(m: MultiHeadAttention, q, k, v, mask):
     ref, ref_w = multi_head(q, k, v, params_of(m), m.n_head, mask)
-    same, _ = multi_head(q, k, v, params_of(m), m.n_head, mask, dtype=q.dtype)
-    return ref, ref_w, same
+    same, same_w = same_precision(q, k, v, params_of(m), m.n_head, mask, dtype=q.dtype, oracle=ref)
+    return ref, ref_w, same, same_w
 
 
 @pytest.mark.parametrize("need_weights", [False, True], ids=["fast-path", "math-path"])
@@ -27,14 +28,15 @@ def test_agrees_with_float64_oracle_on_cross_attention(need_weights: bool, ex) -
     m = seeded_mha(s.d_model, s.n_head, seed=ex.seed)
     got = m(ex.q, ex.k, ex.v, ex.mask, need_weights=need_weights)
     out = got[0] if need_weights else got
-    ref, ref_w, same = _oracle_and_same(m, ex.q, ex.k, ex.v, ex.mask)
+    ref, ref_w, same, same_w = _oracle_and_same(m, ex.q, ex.k, ex.v, ex.mask)
     assert out.shape == (s.batch, s.lq, s.d_model)
     c = compare(out, ref, same, torch.float32)
     assert c.ok, f"{c} for {ex.describe()}"
     if need_weights:
         w = got[1]
         assert w.shape == (s.batch, s.n_head, s.lq, s.lk)
-        assert (w.double() - ref_w).abs().max() <= 1e-5, f"weights differ from the oracle's for {ex.describe()}"
+        cw = compare(w, ref_w, same_w, torch.float32)
+        assert cw.ok, f"weights: {cw} for {ex.describe()}"
 
 
 @pytest.mark.parametrize("convention", ["bool", "float"])
@@ -76,7 +78,7 @@ def test_mask_shapes_that_broadcast_are_accepted_and_applied(shape: tuple[int, .
     for need_weights in (False, True):
         got = m(q, k, v, mask, need_weights=need_weights)
         out = got[0] if need_weights else got
-        ref, _, same = _oracle_and_same(m, q, k, v, full)
+        ref, _, same, _ = _oracle_and_same(m, q, k, v, full)
         c = compare(out, ref, same, torch.float32)
         assert c.ok, f"mask shape {shape}: {c}"
 

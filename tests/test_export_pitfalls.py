@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
+from export.interface import interface_problems, read_interface
 from export.onnx_export import export_onnx
 from export.opsets import newest_opset
-from export.ort_model import interface_problems, read_interface
-from export.validate import validate_model
+from export.validation import validate_model
 from export.wrapper import ExportWrapper
 from properties.targets import load_target
 
@@ -32,8 +32,8 @@ def test_dynamo_export_at_the_newest_opset_uses_attention_and_validates(tmp_path
     model = onnx.load(path)
     onnx.checker.check_model(model, full_check=True)
     assert any(n.op_type == "Attention" for n in model.graph.node) == (info.opset >= 23)
-    results = validate_model(path, bound, settings=CI)
-    assert not [str(r) for r in results if r.verdict != "pass"]
+    results = validate_model(path, eager=bound, settings=CI)
+    assert not [str(r) for r in results if r.failed]
     assert sum(r.examples for r in results) >= 200
 
 
@@ -49,7 +49,7 @@ def test_pitfall_a_same_example_tensor_for_k_and_v_is_caught(tmp_path: Path) -> 
     program.save(str(path))
     problems = interface_problems(read_interface(path))
     assert problems and "'k' is not read by any node" in problems[0], problems  # keys are projected from v
-    results = validate_model(path, bound, settings=CI, opt_levels=("opt-all",), checks=("oracle",))
+    results = validate_model(path, eager=bound, settings=CI, opt_levels=("opt-all",), checks=("oracle_agreement",))
     assert results[0].failed and results[1].failed  # interface, and the numbers
 
 
@@ -81,6 +81,6 @@ def test_pitfall_b_equal_example_sizes_merge_lq_and_lk_and_are_caught(tmp_path: 
     program.save(str(path))
     problems = interface_problems(read_interface(path))
     assert any("Lq and Lk are one dimension" in p for p in problems)
-    results = validate_model(path, as_bound(module, d_model=16, n_head=4), settings=CI, opt_levels=("opt-all",),
-                             checks=("oracle",))
+    results = validate_model(path, eager=as_bound(module, d_model=16, n_head=4), settings=CI, opt_levels=("opt-all",),
+                             checks=("oracle_agreement",))
     assert results[0].failed and results[1].failed and results[1].counterexample is not None

@@ -1,0 +1,443 @@
+"""The interface of any attention ONNX model, read from the file without running it.
+
+An attention model is found as either
+
+* three float inputs of rank 3, the roles ``q`` (B, Lq, D), ``k`` (B, Lk, D), ``v`` (B, Lk, D), or
+* one float input of rank 3, the role ``x`` (B, L, D) (self-attention: q = k = v = x),
+
+plus, optionally, one mask input: bool (a keep-mask, True = may attend) or float (additive,
+0 keeps, -inf removes), of rank 2 (Lq, Lk), 3 (B, Lq, Lk) or 4 (B, H, Lq, Lk), whose axes
+may be fixed to 1 (the model broadcasts them) or to H. Roles are found by name (``q``,
+``query``, ``attn_mask`` ...), else by position; ``--inputs q=query,k=key,v=value,mask=m``
+maps them by hand (:func:`parse_input_map`).
+
+d_model comes from the static last axis of q/x (or a ``d_model`` metadata entry); n_head from
+metadata (``n_head``, ``num_heads``), an attention operator's attribute (ONNX ``Attention``
+``q_num_heads``, ``com.microsoft.MultiHeadAttention`` ``num_heads``), a static head axis of
+the mask, or the head split of a ``Reshape`` (a constant ``[..., H, Hd]``, ``[..., H, -1]``
+or ``[..., -1, Hd]`` with H * Hd = D). Whatever cannot be told is None; the caller turns that
+into a one-line usage error naming ``--d-model`` / ``--n-head``.
+
+The mask's *forms* — the mask shapes of the property suite a model can take — follow from
+its rank and static size-1 axes: a form fits when every axis the model fixes to 1 is 1 in the
+form (a form's size-1 axes are expanded to the model's full ones when it is fed).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from onnx import numpy_helper
+
+ROLES = ("q", "k", "v", "x", "mask")
+# The mask forms of the property suite, each as the (B, H, Lq, Lk) axes it spans (1 = broadcast).
+FORM_AXES: dict[str, tuple[bool, bool, bool, bool]] = {
+    "BHLL": (True, True, True, True), "B1LL": (True, False, True, True), "11LL": (False, False, True, True),
+    "LL": (False, False, True, True), "B11L": (True, False, False, True),
+}
+_ALIASES = {
+    "q": ("q", "query", "queries", "q_in"),
+    "k": ("k", "key", "keys", "k_in"),
+    "v": ("v", "value", "values", "v_in"),
+    "x": ("x", "input", "inputs", "hidden_states", "hidden", "src", "tokens"),
+    "mask": ("mask", "attn_mask", "attention_mask", "attn_bias", "attention_bias", "key_padding_mask"),
+}
+_NP_DTYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+                               onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.BOOL: np.bool_}
+_TORCH_DTYPES: dict[type, torch.dtype] = {np.float32: torch.float32, np.float16: torch.float16,
+                                          np.float64: torch.float64}
+
+Dim = int | str | None  # a fixed size, a symbol, or unknown
+
+
+class ModelError(Exception):
+    """The file is missing, not ONNX, or not an attention model we can feed (a usage error)."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input: its name, element type (numpy; ``object`` if unsupported) and dims."""
+
+    name: str
+    dtype: type
+    dims: tuple[Dim, ...]
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.dims)
+        return f"{self.name} ({dims}) {np.dtype(self.dtype).name if self.dtype is not object else 'other'}"
+
+
+@dataclass(frozen=True)
+class Interface:
+    """An attention model's inputs by role, its first output, metadata and sizes.
+
+    ``roles`` maps "q", "k", "v" (cross-attention) or "x" (self-attention), and "mask" if the
+    model has one, to graph inputs. ``consumed`` holds the inputs some node reads for their
+    values (not only their shape).
+    """
+
+    path: Path
+    roles: dict[str, TensorSpec]
+    output: str
+    metadata: dict[str, str]
+    d_model: int | None
+    n_head: int | None
+    n_head_source: str
+    consumed: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def self_attention(self) -> bool:
+        return "x" in self.roles
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype: that of q (or x)."""
+        first = self.roles["x" if self.self_attention else "q"]
+        return _TORCH_DTYPES.get(first.dtype, torch.float32)
+
+    @property
+    def mask(self) -> TensorSpec | None:
+        return self.roles.get("mask")
+
+    @property
+    def mask_types(self) -> frozenset[str]:
+        """{"bool"} or {"float"} (the mask's native convention), empty without a mask input."""
+        m = self.mask
+        if m is None:
+            return frozenset()
+        return frozenset({"bool"}) if m.dtype is np.bool_ else frozenset({"float"})
+
+    def mask_axes(self) -> tuple[Dim, Dim, Dim, Dim]:
+        """The mask input's dims as (B, H, Lq, Lk) axes; 1 for the axes its rank lacks."""
+        m = self.mask
+        assert m is not None
+        dims = m.dims
+        if len(dims) == 2:
+            return (1, 1, 1, dims[1]) if "padding" in m.name else (1, 1, dims[0], dims[1])
+        if len(dims) == 3:
+            return (dims[0], 1, dims[1], dims[2])
+        return (dims[0], dims[1], dims[2], dims[3])
+
+    @property
+    def mask_forms(self) -> frozenset[str]:
+        """The forms of :data:`FORM_AXES` whose spanned axes the model does not fix to 1."""
+        if self.mask is None:
+            return frozenset()
+        axes = self.mask_axes()
+        return frozenset(form for form, spans in FORM_AXES.items()
+                         if not any(span and dim == 1 for span, dim in zip(spans, axes, strict=True)))
+
+    @property
+    def config(self) -> str:
+        """``exporter-opsetN-dtype`` from mha-verify's metadata, else the file's stem."""
+        m = self.metadata
+        if {"exporter", "opset", "dtype"} <= m.keys():
+            return f"{m['exporter']}-opset{m['opset']}-{m['dtype']}"
+        return self.path.stem
+
+    def describe(self) -> str:
+        """One line per role, then sizes and mask forms: what ``validate`` prints."""
+        lines = [f"interface of {self.path.name}:"]
+        for role in ("x", "q", "k", "v", "mask"):
+            if role in self.roles:
+                lines.append(f"  {role:4} <- {self.roles[role].describe()}")
+        if self.mask is None:
+            lines.append("  mask: none (the model takes no mask)")
+        else:
+            lines.append(f"  mask convention {'/'.join(sorted(self.mask_types))}, forms "
+                         f"{', '.join(sorted(self.mask_forms)) or 'none'}")
+        lines.append(f"  output {self.output}; d_model={self.d_model}, n_head={self.n_head} ({self.n_head_source}); "
+                     f"dtype {str(self.dtype).replace('torch.', '')}")
+        return "\n".join(lines)
+
+
+def parse_input_map(text: str | None) -> dict[str, str]:
+    """``"q=query,k=key,v=value,mask=attn_mask"`` -> {"q": "query", ...}; ValueError naming bad parts."""
+    if not text:
+        return {}
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        role, sep, name = part.partition("=")
+        role, name = role.strip(), name.strip()
+        if not sep or role not in ROLES or not name:
+            raise ValueError(f"--inputs takes ROLE=NAME pairs with ROLE in {', '.join(ROLES)}, got {part!r}")
+        out[role] = name
+    return out
+
+
+def _dims(value: onnx.ValueInfoProto) -> tuple[Dim, ...]:
+    return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                 for d in value.type.tensor_type.shape.dim)
+
+
+def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The model at ``path`` (with its external data, as dynamo exports write it); ModelError
+    (one line) if it is missing or not ONNX."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file {str(path)!r} does not exist")
+    try:
+        model = onnx.load(str(path))
+    except (DecodeError, ValueError, OSError, RuntimeError) as exc:
+        raise ModelError(f"{str(path)!r} is not an ONNX model: {type(exc).__name__}: {exc}") from None
+    if not model.graph.node or not model.graph.output:
+        raise ModelError(f"{str(path)!r} is not an ONNX model (no graph)")
+    return model
+
+
+def _assign_roles(inputs: list[TensorSpec], mapping: dict[str, str], path: Path) -> dict[str, TensorSpec]:
+    by_name = {i.name: i for i in inputs}
+    roles: dict[str, TensorSpec] = {}
+    for role, name in mapping.items():
+        if name not in by_name:
+            raise ModelError(f"--inputs maps {role} to {name!r}, but the model's inputs are {', '.join(by_name)}")
+        roles[role] = by_name[name]
+    rest = [i for i in inputs if i.name not in {s.name for s in roles.values()}]
+    for role, aliases in _ALIASES.items():  # by name
+        if role in roles:
+            continue
+        hit = next((i for i in rest if i.name.lower() in aliases), None)
+        if hit is not None:
+            roles[role] = hit
+            rest.remove(hit)
+    # by position: float rank-3 inputs are q, k, v (or x); a bool or other-rank input is the mask
+    float3 = [i for i in rest if i.dtype in _TORCH_DTYPES and len(i.dims) == 3]
+    for role in (("x",) if len(float3) == 1 and not {"q", "k", "v"} & roles.keys() else ("q", "k", "v")):
+        if role not in roles and float3:
+            roles[role] = float3.pop(0)
+    rest = [i for i in rest if i.name not in {s.name for s in roles.values()}]
+    if "mask" not in roles and rest:
+        roles["mask"] = rest.pop(0)
+    names = ", ".join(i.describe() for i in inputs)
+    if rest:
+        raise ModelError(f"cannot tell what inputs {', '.join(i.name for i in rest)} of {path.name} are "
+                         f"(inputs: {names}); map them with --inputs q=...,k=...,v=...,mask=...")
+    if "x" in roles and {"q", "k", "v"} & roles.keys():
+        raise ModelError(f"{path.name} has both x and q/k/v inputs ({names}); map them with --inputs")
+    if "x" not in roles and not {"q", "k", "v"} <= roles.keys():
+        missing = [r for r in ("q", "k", "v") if r not in roles]
+        raise ModelError(f"{path.name} has no input for {', '.join(missing)} (inputs: {names}); an attention model "
+                         "takes q, k, v (B, L, D) or one x (B, L, D); map them with --inputs")
+    for role, spec in roles.items():
+        if role == "mask":
+            if spec.dtype not in (np.bool_, *_TORCH_DTYPES) or len(spec.dims) not in (2, 3, 4):
+                raise ModelError(f"mask input {spec.describe()} must be bool or float of rank 2, 3 or 4 "
+                                 "(integer 0/1 masks are ambiguous)")
+        elif spec.dtype not in _TORCH_DTYPES or len(spec.dims) != 3:
+            raise ModelError(f"input {role} = {spec.describe()} must be a float tensor (B, L, D)")
+    return roles
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    out[node.output[0]] = numpy_helper.to_array(a.t)
+                elif a.name == "value_ints":
+                    out[node.output[0]] = np.array(list(a.ints), dtype=np.int64)
+    return out
+
+
+def _shape_pieces(name: str, producers: dict[str, onnx.NodeProto], consts: dict[str, np.ndarray]) -> list[int | None]:
+    """A shape tensor as a list of known ints and unknowns (None); [] if its length is unknown."""
+    if name in consts:
+        return [int(x) for x in np.asarray(consts[name]).reshape(-1)]
+    node = producers.get(name)
+    if node is None or node.op_type != "Concat":
+        return []
+    pieces: list[int | None] = []
+    for part in node.input:
+        if part in consts:
+            pieces += [int(x) for x in np.asarray(consts[part]).reshape(-1)]
+        else:
+            pieces.append(None)  # a dynamic size read from a shape: one entry in practice
+    return pieces
+
+
+def _n_head_from_graph(model: onnx.ModelProto, d_model: int | None) -> tuple[int | None, str]:
+    for node in model.graph.node:
+        for a in node.attribute:
+            if (node.op_type, a.name) in (("Attention", "q_num_heads"), ("MultiHeadAttention", "num_heads"),
+                                          ("GroupQueryAttention", "num_heads")) and a.i > 0:
+                return int(a.i), f"{node.op_type}.{a.name}"
+    if d_model is None:
+        return None, "unknown"
+    consts = _constants(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    votes: collections.Counter[int] = collections.Counter()
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2:
+            continue
+        pieces = _shape_pieces(node.input[1], producers, consts)
+        for a, b in itertools.pairwise(pieces):
+            h = None
+            if a is not None and a > 1 and (b == -1 or (b is not None and b > 0 and a * b == d_model)):
+                h = a  # [..., H, Hd] or [..., H, -1]
+            elif a == -1 and b is not None and 0 < b < d_model:
+                h = d_model // b  # [..., -1, Hd]
+            if h is not None and d_model % h:
+                h = None
+            if h is not None:
+                votes[h] += 1
+    if votes:
+        return votes.most_common(1)[0][0], "head split of a Reshape"
+    return None, "unknown"
+
+
+def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | None = None,
+                   d_model: int | None = None, n_head: int | None = None) -> Interface:
+    """Read the interface of the attention model at ``path``; ModelError (one line) if it has none.
+
+    ``mapping`` (role -> input name) overrides the detection of roles; ``d_model`` and
+    ``n_head`` override what the file tells (and are checked against a static q axis).
+    """
+    path = Path(path)
+    model = load_model(path)
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [TensorSpec(i.name, _NP_DTYPES.get(i.type.tensor_type.elem_type, object), _dims(i))
+              for i in model.graph.input if i.name not in inits]
+    roles = _assign_roles(inputs, mapping or {}, path)
+    metadata = {p.key: p.value for p in model.metadata_props}
+    first = roles["x" if "x" in roles else "q"]
+    static_d = first.dims[-1] if isinstance(first.dims[-1], int) else None
+    if d_model is None:
+        d_model = static_d if static_d is not None else (
+            int(metadata["d_model"]) if metadata.get("d_model", "").isdigit() else None)
+    elif static_d is not None and static_d != d_model:
+        raise ModelError(f"--d-model {d_model} but the model's input {first.name} has feature size {static_d}")
+    source = "--n-head"
+    if n_head is None:
+        key = next((k for k in ("n_head", "num_heads", "num_attention_heads") if metadata.get(k, "").isdigit()), None)
+        if key is not None:
+            n_head, source = int(metadata[key]), f"metadata {key}"
+        else:
+            mask = roles.get("mask")
+            h = mask.dims[1] if mask is not None and len(mask.dims) == 4 else None
+            if isinstance(h, int) and h > 1:
+                n_head, source = h, "the mask's head axis"
+            else:
+                n_head, source = _n_head_from_graph(model, d_model)
+    if d_model is not None and n_head is not None and d_model % n_head:
+        raise ModelError(f"d_model={d_model} is not divisible by n_head={n_head} ({source})")
+    # read for their values: a Shape node reads only the shape (what is left of an input whose
+    # place another input took)
+    consumed = ({name for node in model.graph.node if node.op_type != "Shape" for name in node.input}
+                | {o.name for o in model.graph.output})
+    return Interface(path, roles, model.graph.output[0].name, metadata, d_model, n_head, source,
+                     frozenset(consumed & {i.name for i in inputs}))
+
+
+def interface_problems(info: Interface) -> list[str]:
+    """What is wrong with the interface of an attention model, as sentences (empty: nothing).
+
+    Catches statically: an input the graph does not read (what torch's dynamo exporter leaves
+    when k and v were the same example tensor, pytorch issue 139646), Lq and Lk sharing one
+    dimension symbol (merged by the exporter from equal example sizes), and B, Lq or Lk
+    frozen to a number.
+    """
+    problems = []
+    for role, spec in info.roles.items():
+        if spec.name not in info.consumed:
+            problems.append(f"input {role} = {spec.name!r} is not read by any node (beyond its shape): another input "
+                            "took its place (torch's dynamo exporter does this when two example inputs are the same "
+                            "tensor)")
+    if problems:
+        return problems
+    first = info.roles["x" if info.self_attention else "q"].dims
+    for label, dim in (("B", first[0]), ("Lq", first[1])):
+        if isinstance(dim, int):
+            problems.append(f"{label} is fixed to {dim} in the graph's inputs; it must be dynamic")
+    if not info.self_attention:
+        lk = info.roles["k"].dims[1]
+        if isinstance(lk, int):
+            problems.append(f"Lk is fixed to {lk} in the graph's inputs; it must be dynamic")
+        if isinstance(first[1], str) and first[1] == lk:
+            problems.append(f"Lq and Lk are one dimension {lk!r} in the graph: the model rejects or miscomputes "
+                            "cross-attention (Lq != Lk); the exporter merged them, e.g. from equal example sizes")
+    return problems
+
+
+_TOKENS = {"q": r"q|query|w_q|q_proj|to_q|wq", "k": r"k|key|w_k|k_proj|to_k|wk",
+           "v": r"v|value|w_v|v_proj|to_v|wv", "o": r"o|out|w_o|o_proj|out_proj|fc_out|to_out|wo|dense|proj_out"}
+
+
+def _token_role(text: str) -> str | None:
+    parts = [p for p in re.split(r"[^a-z0-9_]+|(?<=[a-z0-9])_(?=(?:weight|bias)$)", text.lower()) if p]
+    for role, pattern in _TOKENS.items():
+        if any(re.fullmatch(pattern, p) for p in parts):
+            return role
+    return None
+
+
+def projection_weights(path: str | os.PathLike[str], info: Interface) -> dict[str, np.ndarray] | None:
+    """The four projections from the graph's initializers, in nn.Linear's (out, in) layout.
+
+    Returns {"w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"} (biases may be absent)
+    or None when they cannot be told apart. Each ``MatMul``/``Gemm`` with a (D, D) initializer
+    is a projection; its role comes from the names around it (``q_proj.bias``, ``/k_proj/MatMul``)
+    or, failing that, from the graph input it reads (q, k, v) or from being last (the output
+    projection). A bias is a (D,) initializer added to its output.
+    """
+    d = info.d_model
+    if d is None:
+        return None
+    model = load_model(path)
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for node in model.graph.node:
+        for name in node.input:
+            consumers[name].append(node)
+    by_input = {spec.name: role for role, spec in info.roles.items() if role != "mask"}
+    found: list[tuple[str | None, str | None, np.ndarray, np.ndarray | None]] = []  # (token, input role, w, b)
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in consts:
+            continue
+        w = consts[node.input[1]]
+        if w.shape != (d, d):
+            continue
+        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+        weight = w if (node.op_type == "Gemm" and trans_b) else w.T  # -> (out, in)
+        bias = consts.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
+        names = [node.name, node.input[1]]
+        if bias is None:
+            add = next((n for n in consumers[node.output[0]] if n.op_type == "Add"), None)
+            if add is not None:
+                other = next((i for i in add.input if i != node.output[0] and i in consts), None)
+                if other is not None and consts[other].shape == (d,):
+                    bias = consts[other]
+                    names += [add.name, other]
+        token = next((t for t in (_token_role(n) for n in names) if t is not None), None)
+        found.append((token, by_input.get(node.input[0]), weight, bias))
+    if len(found) != 4:
+        return None
+    roles: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    tokens = [f[0] for f in found]
+    if sorted(t for t in tokens if t) == ["k", "o", "q", "v"]:
+        roles = {f[0]: (f[2], f[3]) for f in found if f[0]}
+    else:
+        inputs = [f[1] for f in found]
+        if info.self_attention or sorted(i for i in inputs[:3] if i) != ["k", "q", "v"]:
+            if not info.self_attention:
+                return None
+            order: tuple[str, ...] = ("q", "k", "v", "o")  # graph order, as torch writes a forward's statements
+        else:
+            order = (*(i or "" for i in inputs[:3]), "o")
+        roles = {r: (f[2], f[3]) for r, f in zip(order, found, strict=True)}
+    out: dict[str, np.ndarray] = {}
+    for r in ("q", "k", "v", "o"):
+        w, b = roles[r]
+        out[f"w_{r}"] = np.ascontiguousarray(w)
+        if b is not None:
+            out[f"b_{r}"] = b
+    return out

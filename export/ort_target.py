@@ -1,0 +1,285 @@
+"""An onnxruntime session as a target: the property registry runs against ONNX models as it
+runs against eager modules (one engine, one runner, one isolation path).
+
+* :class:`OrtModule` is an ``nn.Module`` whose forward runs ``session.run`` on numpy: q, k, v
+  (or x) and the mask are mapped to the model's input names, and the mask is converted to
+  the model's type (bool keep-mask or additive float), rank and static axes.
+* :class:`OrtAdapter` presents it to the harness: parameters from the graph's initializers
+  (:func:`export.interface.projection_weights`) or from a weights file through an eager
+  module, and conventions read from the model (:meth:`OrtAdapter.conventions`).
+* :class:`OrtTarget` is the target protocol (``spec``, ``probe_sizes``, ``build``): one per
+  (provider, optimization level), a target *variant*; ``build`` returns the one session for
+  the model's fixed sizes.
+
+What a session cannot do is n/a by declaration, not by failure: no gradients
+(``grads=False``: gradcheck, masked_grad_zero), no dropout to switch (``dropout=False``), no
+attention weights (``weights=False``); its sizes and dtype are fixed by the model
+(``sizes``, ``dtype``), and masks are generated only in the forms its mask input takes
+(``mask_forms``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+from torch import nn
+
+from export.interface import Interface, ModelError, projection_weights, read_interface
+from mha.masks import additive_mask, keep_mask
+from mha.reference import MHAParams
+from properties.adapters import Adapter, Conventions, NotApplicable
+from properties.targets import Bound, TargetError
+
+PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
+OPT_LEVELS = {"opt-none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+              "opt-all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+def available_providers() -> list[str]:
+    """Short names (cpu, cuda, tensorrt) of the providers this onnxruntime build offers."""
+    have = set(ort.get_available_providers())
+    return [short for short, long in PROVIDERS.items() if long in have]
+
+
+def make_session(path: str | os.PathLike[str], provider: str = "cpu", opt: str = "opt-all", *, threads: int = 1,
+                 log_level: int = 4) -> ort.InferenceSession:
+    """A session on ``path``; ``threads`` intra-op threads (1 suits validation's small inputs).
+
+    ``log_level`` 4 (fatal only): a shape the model refuses is reported as a check's failure, not
+    logged; 2 (warnings) is what :func:`export.onnx_export.export_onnx` asserts silent.
+    """
+    if provider not in PROVIDERS or opt not in OPT_LEVELS:
+        raise ValueError(f"provider must be one of {', '.join(PROVIDERS)} and opt one of {', '.join(OPT_LEVELS)}, "
+                         f"got provider={provider!r}, opt={opt!r}")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = OPT_LEVELS[opt]
+    so.log_severity_level = log_level
+    so.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), so, providers=[PROVIDERS[provider]])
+
+
+class OrtModule(nn.Module):
+    """``forward(q, k, v, mask=None) -> out (B, Lq, D)`` computed by an onnxruntime session.
+
+    q (B, Lq, D), k (B, Lk, D), v (B, Lk, D) in our convention; mask None, a bool keep-mask
+    (True = may attend) or an additive float mask broadcasting to (B, H, Lq, Lk). A
+    self-attention model (one input x) takes q only and requires k and v to equal it.
+    Raises NotApplicable for a call the model's interface cannot express (a head-axis mask
+    for a (B, 1, Lq, Lk) mask input, finite float biases for a bool mask input, a mask for
+    a model without one); onnxruntime's own errors propagate (they are the finding).
+    """
+
+    def __init__(self, info: Interface, session: ort.InferenceSession) -> None:
+        super().__init__()
+        self.info = info
+        self.session = session
+        self._np_dtype = {torch.float32: np.float32, torch.float16: np.float16,
+                          torch.float64: np.float64}[info.dtype]
+        # the inputs of the last call, in our convention: a failed check's reproduction bundle
+        # replays the last call of its shrunk counterexample (Hypothesis runs that one last)
+        self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+
+    def _mask_feed(self, mask: torch.Tensor | None, B: int, Lq: int, Lk: int) -> np.ndarray:
+        """The mask in the model's type, rank and static axes (all-keep when ``mask`` is None)."""
+        spec = self.info.mask
+        assert spec is not None
+        H = self.info.n_head or 1
+        full = (B, H, Lq, Lk)
+        axes = self.info.mask_axes()
+        # per (B, H, Lq, Lk) axis: 1 where the model fixes it to 1, else the full size
+        want = tuple(1 if d == 1 else full[i] for i, d in enumerate(axes))
+        if mask is None:
+            m = torch.ones(want, dtype=torch.bool)
+        else:
+            m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (Lq, Lk) -> (1, 1, Lq, Lk)
+            for i in range(4):
+                if want[i] == 1 and m.shape[i] != 1:
+                    # an axis the model fixes to 1: fine if the mask is constant along it (a
+                    # (B, H, Lq, Lk) mask expanded from (B, 1, Lq, Lk)), else the model cannot take it
+                    first = m.narrow(i, 0, 1)
+                    if not bool((m == first).all()):
+                        raise NotApplicable(f"the model's mask input {spec.describe()} cannot take a mask of "
+                                            f"shape {tuple(mask.shape)} that varies along axis {i}")
+                    m = first
+            m = m.expand(want)
+        if spec.dtype is np.bool_:
+            if m.dtype != torch.bool:
+                keep = keep_mask(m)
+                assert keep is not None
+                if bool((m[keep] != 0).any()):
+                    raise NotApplicable("the model takes a bool mask: finite float biases have no bool form")
+                m = keep
+        else:
+            additive = additive_mask(m, self.info.dtype)
+            assert additive is not None
+            m = additive
+        arr = m.detach().cpu().numpy()
+        if len(spec.dims) == 2:  # (Lq, Lk), or (B, Lk) for a key padding mask
+            arr = arr[:, 0, 0, :] if axes[2] == 1 and axes[0] != 1 else arr[0, 0]
+        elif len(spec.dims) == 3:  # (B, Lq, Lk)
+            arr = arr[:, 0]
+        return np.ascontiguousarray(arr.astype(spec.dtype, copy=False))
+
+    def feed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None) -> dict[str, np.ndarray]:
+        """The session's input dict for a call in our convention."""
+        roles = self.info.roles
+        dt = self._np_dtype
+
+        def arr(t: torch.Tensor) -> np.ndarray:
+            return np.ascontiguousarray(t.detach().cpu().numpy().astype(dt, copy=False))
+
+        if self.info.self_attention:
+            if not (q is k is v or (q.shape == k.shape == v.shape and torch.equal(q, k) and torch.equal(k, v))):
+                raise NotApplicable("the model is self-attention only: one input x")
+            out = {roles["x"].name: arr(q)}
+        else:
+            out = {roles["q"].name: arr(q), roles["k"].name: arr(k), roles["v"].name: arr(v)}
+        if self.info.mask is None:
+            if mask is not None:
+                raise NotApplicable("the model takes no mask")
+            return out
+        out[self.info.mask.name] = self._mask_feed(mask, q.shape[0], q.shape[1], k.shape[1])
+        return out
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        self.last = (q, k, v, mask)
+        got = self.session.run([self.info.output], self.feed(q, k, v, mask))[0]
+        return torch.from_numpy(np.asarray(got))
+
+
+class OrtAdapter(Adapter):
+    """The adapter of :class:`OrtModule`s; their parameters come with the module (``params``)."""
+
+    name = "onnxruntime"
+    description = "an onnxruntime session on an attention ONNX model (export.ort_target.OrtTarget)"
+
+    def __init__(self, params: MHAParams) -> None:
+        self._params = params
+
+    def matches(self, module: nn.Module) -> bool:
+        return isinstance(module, OrtModule)
+
+    def conventions(self, module: nn.Module) -> Conventions:
+        """Read from the model's interface: mask type and forms, self-attention, sizes, dtype.
+
+        ``fully_masked`` is the model's declaration (mha-verify's metadata entry) if it has
+        one, else our contract ("zeros"): a foreign model is held to the contract.
+        """
+        assert isinstance(module, OrtModule)
+        info = module.info
+        assert info.d_model is not None and info.n_head is not None
+        mask_args: dict[str, object] = {"mask": info.mask_types}
+        if info.mask is not None:
+            mask_args["mask_forms"] = info.mask_forms
+        return Conventions(
+            **mask_args,  # type: ignore[arg-type]
+            cross_attention=not info.self_attention, weights=False,
+            fully_masked=info.metadata.get("fully_masked", "zeros"), causal=False, grads=False, dropout=False,
+            sizes=(info.d_model, info.n_head), dtype=info.dtype,
+            notes=(f"onnxruntime session on {info.path.name}",),
+        )
+
+    def params(self, module: nn.Module) -> MHAParams:
+        return self._params
+
+    def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             mask: torch.Tensor | None) -> torch.Tensor:
+        return module(q, k, v, mask)
+
+    def set_dropout(self, module: nn.Module, p: float) -> bool:
+        return False
+
+
+def params_from_graph(info: Interface) -> MHAParams:
+    """The projections read from the model's initializers; ModelError (usage) if they cannot be told."""
+    found = projection_weights(info.path, info)
+    if found is None:
+        raise ModelError(f"cannot find the four (D, D) projections of {info.path.name} among its initializers; "
+                         "pass --weights FILE (the layer's state_dict) with --target SPEC")
+    t = {k: torch.from_numpy(np.array(v)) for k, v in found.items()}
+    return MHAParams(t["w_q"], t.get("b_q"), t["w_k"], t.get("b_k"), t["w_v"], t.get("b_v"), t["w_o"], t.get("b_o"))
+
+
+def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.PathLike[str] | None,
+               weight_seed: int = 0) -> Bound:
+    """The eager target at the model's sizes and dtype, with ``weights`` (a state_dict) if given.
+
+    Raises TargetError (a usage error) when it cannot be built or the weights do not fit.
+    """
+    from properties.targets import load_target
+
+    assert info.d_model is not None and info.n_head is not None
+    bound = load_target(target_spec).build(info.d_model, info.n_head, seed=weight_seed, dtype=info.dtype)
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            raise TargetError(f"weights file {str(path)!r} does not exist")
+        try:
+            bound.module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        except Exception as exc:
+            raise TargetError(f"cannot load weights {str(path)!r}: {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        bound.module.to(info.dtype).eval()
+    return bound
+
+
+@dataclass
+class OrtTarget:
+    """One (model, provider, optimization level): a target behind the runner's protocol.
+
+    ``build`` returns the same session-backed Bound for the model's own (d_model, n_head),
+    whatever ``seed`` (the weights are the model's); ``dtype`` is ignored, the session
+    computes in the model's dtype (the runner asks for it through ``Conventions.dtype``).
+    """
+
+    info: Interface
+    params: MHAParams
+    provider: str = "cpu"
+    opt: str = "opt-all"
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.info.d_model is None or self.info.n_head is None:
+            raise ModelError(f"cannot tell d_model and n_head of {self.info.path.name} "
+                             f"(d_model={self.info.d_model}, n_head={self.info.n_head}); pass --d-model and --n-head")
+        self._bound: Bound | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.info.path.name}[{self.provider},{self.opt}]"
+
+    @property
+    def probe_sizes(self) -> tuple[int, int]:
+        assert self.info.d_model is not None and self.info.n_head is not None
+        return (self.info.d_model, self.info.n_head)
+
+    def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Bound:
+        if (d_model, n_head) != self.probe_sizes:
+            raise TargetError(f"{self.spec} is fixed to (d_model, n_head)={self.probe_sizes}; "
+                              f"asked for ({d_model}, {n_head})")
+        if self._bound is None:
+            session = make_session(self.info.path, self.provider, self.opt, threads=self.threads)
+            module = OrtModule(self.info, session)
+            bound: Bound = Bound(module, OrtAdapter(self.params), d_model, n_head, lambda: bound)
+            self._bound = bound
+        return self._bound
+
+
+def ort_targets(path: str | os.PathLike[str], *, providers: tuple[str, ...] | list[str] = ("cpu",),
+                opt_levels: tuple[str, ...] | list[str] = tuple(OPT_LEVELS), mapping: dict[str, str] | None = None,
+                d_model: int | None = None, n_head: int | None = None, params: MHAParams | None = None,
+                ) -> list[OrtTarget]:
+    """One OrtTarget per (provider, optimization level) on the model at ``path``.
+
+    ``params`` default to the graph's initializers (:func:`params_from_graph`).
+    """
+    info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head)
+    p = params if params is not None else params_from_graph(info)
+    return [OrtTarget(info, p, provider, opt) for provider in providers for opt in opt_levels]

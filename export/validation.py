@@ -1,0 +1,167 @@
+"""Validate an ONNX model: the property registry against each (provider, optimization level)
+target variant, the differential check against the eager module, and the interface.
+
+Result names are ``<config>/interface``, ``<config>/<provider>/<opt>/<property>`` and
+``<config>/<provider>/<opt>/ort_vs_eager``, stage ``export``. Every property runs through
+:func:`properties.runner.run_property`, the runner of eager targets; what a session cannot do
+is n/a by its conventions (:class:`export.ort_target.OrtAdapter`).
+
+Two ways to run: :func:`validate_model` in this process (the export stage and ``mha-verify
+export`` run inside the gate's worker or validate a file they just wrote), and
+:func:`validation_tasks`, the same checks as gate tasks (``mha_verify.gate.onnx_check``) for
+:func:`mha_verify.isolation.run_tasks`, so an onnxruntime crash is that check's failure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import settings as Settings
+
+from export.differential import NAME as DIFFERENTIAL
+from export.differential import differential_check
+from export.interface import Interface, interface_problems
+from export.ort_target import OPT_LEVELS, PROVIDERS, OrtModule, OrtTarget, load_eager, params_from_graph
+from export.repro_bundle import write_bundle
+from mha.reference import multi_head
+from properties.registry import all_properties
+from properties.results import CheckResult
+from properties.runner import run_property
+from properties.targets import Bound
+
+STAGE = "export"
+
+
+def interface_result(info: Interface, config: str) -> CheckResult:
+    """``<config>/interface``: the static problems of the model's inputs (unread, frozen, merged)."""
+    problems = interface_problems(info)
+    return CheckResult(f"{config}/interface", STAGE, "fail" if problems else "pass", reason="; ".join(problems) or None,
+                       details={"inputs": {r: list(s.dims) for r, s in info.roles.items()},
+                                "mask_forms": sorted(info.mask_forms), "n_head_source": info.n_head_source})
+
+
+def _bundle(result: CheckResult, target: OrtTarget, bundle_dir: str | os.PathLike[str]) -> CheckResult:
+    """Write the last onnxruntime call of the shrunk counterexample as a bundle, held against the oracle."""
+    bound = target.build(*target.probe_sizes)
+    module = bound.module
+    assert isinstance(module, OrtModule)
+    if module.last is None:
+        return result
+    q, k, v, mask = module.last
+    try:
+        feed = module.feed(q, k, v, mask)
+    except Exception:  # the failing call was one the model's interface refused: nothing to replay
+        return result
+    expected, _ = multi_head(q, k, v, bound.params(), bound.n_head, mask)
+    try:
+        actual: np.ndarray | None = module.session.run([module.info.output], feed)[0]
+    except Exception:
+        actual = None
+    folder = write_bundle(
+        Path(bundle_dir), name=result.name, model_path=target.info.path, feed=feed, expected=expected.numpy(),
+        actual=actual, allowed=result.allowed or 0.0, provider=PROVIDERS[target.provider], opt_level=target.opt,
+        output=target.info.output, counterexample=result.counterexample or "", verdict=result.reason or "",
+    )
+    return dataclasses.replace(result, replay=f"python {folder / 'replay.py'}")
+
+
+def check_target(target: OrtTarget, check: str, *, settings: Settings, config: str, seed: int | None = None,
+                 eager: Bound | None = None, bundle_dir: str | os.PathLike[str] | None = None) -> CheckResult:
+    """One check (a property name, or ``ort_vs_eager``) of one target variant, named for the report."""
+    prefix = f"{config}/{target.provider}/{target.opt}"
+    if check == DIFFERENTIAL:
+        if eager is None:
+            result = CheckResult(DIFFERENTIAL, STAGE, "n/a", reason="no eager module: pass --target SPEC and --weights")
+        else:
+            result = differential_check(target.build(*target.probe_sizes), eager, settings=settings, seed=seed)
+    else:
+        result = run_property(all_properties()[check], target, settings=settings, seed=seed)  # type: ignore[arg-type]
+    result = dataclasses.replace(result, name=f"{prefix}/{check}", stage=STAGE,
+                                 details={**result.details, "provider": target.provider, "opt": target.opt})
+    if result.failed and bundle_dir is not None and check != DIFFERENTIAL:
+        result = _bundle(result, target, bundle_dir)
+    return result
+
+
+def checks_for(eager: bool) -> list[str]:
+    """The property names, then the differential check where an eager module is given."""
+    return [*all_properties(), *([DIFFERENTIAL] if eager else [])]
+
+
+def validate_model(
+    path: str | os.PathLike[str], *, settings: Settings, eager: Bound | None = None,
+    providers: Sequence[str] = ("cpu",), opt_levels: Sequence[str] = tuple(OPT_LEVELS),
+    checks: Sequence[str] | None = None, bundle_dir: str | os.PathLike[str] | None = None,
+    name: str | None = None, seed: int | None = None, mapping: dict[str, str] | None = None,
+    d_model: int | None = None, n_head: int | None = None,
+) -> list[CheckResult]:
+    """Validate the model at ``path`` in this process: ``[interface, <provider>/<opt>/<check> ...]``.
+
+    ``eager``: the module the model should compute (its weights are then the oracle's, and
+    the differential check runs); without it the parameters are read from the graph.
+    Raises ModelError (export.interface) for a file that is not an attention model.
+    """
+    from export.interface import read_interface
+
+    info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head)
+    config = name or info.config
+    results = [interface_result(info, config)]
+    params = eager.params() if eager is not None else params_from_graph(info)
+    params = params.to(params.w_q.dtype)  # detached
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # examples are tiny: threads only contend with onnxruntime's
+    try:
+        for provider in providers:
+            for opt in opt_levels:
+                target = OrtTarget(info, params, provider, opt)
+                for check in checks or checks_for(eager is not None):
+                    results.append(check_target(target, check, settings=settings, config=config, seed=seed,
+                                                eager=eager, bundle_dir=bundle_dir))
+    finally:
+        torch.set_num_threads(threads)
+    return results
+
+
+def validation_tasks(
+    path: str | os.PathLike[str], info: Interface, *, profile: str, providers: Sequence[str] = ("cpu",),
+    opt_levels: Sequence[str] = tuple(OPT_LEVELS), max_examples: int | None = None, database: str | None = None,
+    seed: int | None = None, target_spec: str | None = None, weights: str | None = None, weight_seed: int = 0,
+    mapping: dict[str, str] | None = None, bundle_dir: str | None = None, name: str | None = None,
+) -> list[tuple[str, str, tuple[str, dict[str, Any]]]]:
+    """The checks of :func:`validate_model` as ``(name, stage, task)`` for the gate's isolation path.
+
+    With ``weights`` (or a ``target_spec``) the eager target is loaded in the worker: its
+    weights are the oracle's and the differential check runs.
+    """
+    config = name or info.config
+    eager = weights is not None or target_spec is not None
+    common = dict(model=str(Path(path).resolve()), profile=profile, max_examples=max_examples, database=database,
+                  seed=seed, target_spec=target_spec, weights=weights, weight_seed=weight_seed,
+                  mapping=mapping or {}, d_model=info.d_model, n_head=info.n_head, bundle_dir=bundle_dir,
+                  config=config)
+    return [(f"{config}/{provider}/{opt}/{check}", STAGE,
+             ("onnx_check", dict(common, provider=provider, opt=opt, check=check)))
+            for provider in providers for opt in opt_levels for check in checks_for(eager)]
+
+
+def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings: Settings, seed: int | None,
+                   target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
+                   d_model: int | None, n_head: int | None, bundle_dir: str | None, config: str) -> CheckResult:
+    """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
+    from export.interface import read_interface
+
+    info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
+    eager = None
+    if weights is not None or target_spec is not None:
+        eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+    params = eager.params() if eager is not None else params_from_graph(info)
+    params = params.to(params.w_q.dtype)  # detached
+    torch.set_num_threads(1)
+    return check_target(OrtTarget(info, params, provider, opt), check, settings=settings, config=config,
+                        seed=seed, eager=eager, bundle_dir=bundle_dir)
