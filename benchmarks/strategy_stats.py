@@ -44,15 +44,15 @@ FEATURES: dict[str, Callable[[AttnExample], bool]] = {
     "key padding (B, 1, 1, Lk)": lambda ex: ex.mask is not None and ex.mask_spec.form == "B11L",
     "mask differs per item": lambda ex: ex.mask is not None and ex.mask.dim() == 4 and ex.mask.shape[0] > 1
     and not bool((ex.mask == ex.mask[:1]).all()),
-    "a fully masked item next to live ones": lambda ex: ex.sizes.batch > 1 and _dead_item(ex),
+    "a fully masked item next to live ones": lambda ex: ex.sizes.batch > 1 and _fully_masked_item(ex),
     "1e-3 and 1e3 in one batch": lambda ex: 1e-3 in ex.scales and 1e3 in ex.scales,
 }
 
 
-def _dead_item(ex: AttnExample) -> bool:
+def _fully_masked_item(ex: AttnExample) -> bool:
     keep = full_keep(ex.mask, ex.sizes.mask_target())
-    alive = keep.flatten(1).any(dim=1)  # (B,)
-    return bool((~alive).any()) and bool(alive.any())
+    has_key = keep.flatten(1).any(dim=1)  # (B,)
+    return bool((~has_key).any()) and bool(has_key.any())
 
 
 def _collect(strategy: object, settings: Settings) -> list[AttnExample]:

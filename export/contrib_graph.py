@@ -98,13 +98,13 @@ def contrib_model(params: MHAParams, d_model: int, n_head: int, *, dtype: torch.
         # rows that keep a key: (B|1, H|1, Lq, Lk) -> (B|1, H|1, Lq, 1) -> (B|1, Lq, H|1, 1)
         nodes += [
             helper.make_node("Cast", ["mask_full"], ["mask_f"], to=elem),
-            helper.make_node("ReduceMax", ["mask_f", init("last_axis", np.array([-1]), np.int64)], ["alive"],
+            helper.make_node("ReduceMax", ["mask_f", init("last_axis", np.array([-1]), np.int64)], ["has_key"],
                              keepdims=1),
-            helper.make_node("Transpose", ["alive"], ["alive_t"], perm=[0, 2, 1, 3]),
-            # (B, Lq, D) -> (B, Lq, H, Hd), zero dead rows, -> (B, Lq, D)
+            helper.make_node("Transpose", ["has_key"], ["has_key_t"], perm=[0, 2, 1, 3]),
+            # (B, Lq, D) -> (B, Lq, H, Hd), zero fully masked rows, -> (B, Lq, D)
             helper.make_node("Reshape", ["heads_all", init("split", np.array([0, 0, n_head, d_model // n_head]),
                                                            np.int64)], ["heads_split"]),
-            helper.make_node("Mul", ["heads_split", "alive_t"], ["heads_kept"]),
+            helper.make_node("Mul", ["heads_split", "has_key_t"], ["heads_kept"]),
             helper.make_node("Reshape", ["heads_kept", init("merge", np.array([0, 0, d_model]), np.int64)],
                              [heads]),
         ]

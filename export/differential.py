@@ -29,7 +29,7 @@ from hypothesis import settings as Settings
 
 from mha.tolerance import tolerance_for
 from properties.adapters import NotApplicable
-from properties.applicable import clean_rows
+from properties.applicable import comparable_rows
 from properties.measure import Violation, oracle
 from properties.registry import all_properties
 from properties.results import CheckResult
@@ -65,7 +65,7 @@ def differential_check(ort_bound: Bound, eager: Bound, *, settings: Settings, se
         except NotApplicable:
             return
         ref, _, same = oracle(eager, ex)  # float64 and same-precision formula with the eager weights
-        rows = clean_rows(ex) if nan_rows else None
+        rows = comparable_rows(ex) if nan_rows else None
         if rows is not None:
             got, want, ref, same = got[rows], want[rows], ref[rows], same[rows]
         scale = float(ref.abs().max()) if ref.numel() else 0.0

@@ -79,7 +79,7 @@ def example_inputs(
     k = torch.randn(batch, lk, d_model, generator=gen).to(dtype=dtype, device=device)
     v = torch.randn(batch, lk, d_model, generator=gen).to(dtype=dtype, device=device)
     mask = (torch.rand(batch, n_head, lq, lk, generator=gen) < 0.8).to(device)
-    mask[..., 0] = True  # no dead rows in the example (keeps every path traced alike)
+    mask[..., 0] = True  # no fully masked rows in the example (keeps every path traced alike)
     return q, k, v, mask
 
 

@@ -56,7 +56,7 @@ def fully_masked_rows(mask: torch.Tensor | None, shape: tuple[int, ...]) -> torc
     return ~full_keep(mask, shape).any(dim=-1)
 
 
-def rows_alive(mask: torch.Tensor) -> torch.Tensor:
+def rows_with_a_key(mask: torch.Tensor) -> torch.Tensor:
     """mask (..., Lq, Lk) -> bool (..., Lq, 1): True where the query row keeps at least one key.
 
     Works inside exported graphs (no data-dependent control flow).
@@ -80,4 +80,4 @@ def kept_fraction(mask: torch.Tensor | None) -> float:
 
 
 __all__ = ["additive_mask", "causal_keep", "full_keep", "fully_masked_rows", "keep_mask", "kept_fraction",
-           "rows_alive"]
+           "rows_with_a_key"]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mha.contract import check_mask, check_qkv, check_sizes
-from mha.masks import rows_alive
+from mha.masks import rows_with_a_key
 
 
 class MultiHeadAttention(nn.Module):
@@ -108,7 +108,7 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and (torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()):
             # Eager SDPA already returns zeros for fully masked rows (PyTorch >= 2.5); its ONNX
             # lowerings do not all do so, so exported graphs zero those rows explicitly.
-            heads = heads * rows_alive(mask).to(heads.dtype)
+            heads = heads * rows_with_a_key(mask).to(heads.dtype)
         return heads
 
     def _math_attention(
@@ -122,8 +122,8 @@ class MultiHeadAttention(nn.Module):
             else:
                 score = score + mask
             # A row with every key masked would be softmax(-inf, ..., -inf) = NaN: give it zeros.
-            alive = score.amax(dim=-1, keepdim=True) > float("-inf")  # (B, H, Lq, 1)
-            weights = torch.softmax(score.masked_fill(~alive, 0.0), dim=-1).masked_fill(~alive, 0.0)
+            has_key = score.amax(dim=-1, keepdim=True) > float("-inf")  # (B, H, Lq, 1)
+            weights = torch.softmax(score.masked_fill(~has_key, 0.0), dim=-1).masked_fill(~has_key, 0.0)
         else:
             weights = torch.softmax(score, dim=-1)
         weights = self.dropout(weights)

@@ -71,13 +71,13 @@ def attention(
     if bias is not None:
         score = score + bias
     row_max = score.amax(dim=-1, keepdim=True)  # (..., Lq, 1)
-    alive = row_max > -math.inf
-    # subtract the row maximum (a dead row subtracts 0) so exp never overflows
-    e = torch.exp(score - torch.where(alive, row_max, torch.zeros_like(row_max)))
+    has_key = row_max > -math.inf
+    # subtract the row maximum (a fully masked row subtracts 0) so exp never overflows
+    e = torch.exp(score - torch.where(has_key, row_max, torch.zeros_like(row_max)))
     total = e.sum(dim=-1, keepdim=True)
-    dead = {"zeros": torch.zeros_like(e), "uniform": torch.full_like(e, 1.0 / e.shape[-1]),
+    masked_rows = {"zeros": torch.zeros_like(e), "uniform": torch.full_like(e, 1.0 / e.shape[-1]),
             "nan": torch.full_like(e, math.nan)}[fully_masked]
-    weights = torch.where(alive, e / torch.where(alive, total, torch.ones_like(total)), dead)
+    weights = torch.where(has_key, e / torch.where(has_key, total, torch.ones_like(total)), masked_rows)
     return weights @ v, weights
 
 

@@ -31,14 +31,14 @@ def keep_of(ex: AttnExample, causal: bool = False) -> torch.Tensor:
     return keep
 
 
-def dead_rows(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+def fully_masked(ex: AttnExample, causal: bool = False) -> torch.Tensor:
     """bool (B, H, Lq): fully masked query rows of each head (every key removed)."""
     return ~keep_of(ex, causal).any(dim=-1)
 
 
-def clean_rows(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+def comparable_rows(ex: AttnExample, causal: bool = False) -> torch.Tensor:
     """bool (B, Lq): output rows with no fully masked head row (comparable under any convention)."""
-    return ~dead_rows(ex, causal).any(dim=1)
+    return ~fully_masked(ex, causal).any(dim=1)
 
 
 def _mask_conventions(conv: Conventions, removal: bool) -> tuple[str, ...]:
@@ -99,5 +99,5 @@ def examples_for(
     if not conv.cross_attention:
         strategy = strategy.map(lambda ex: ex._replace(k=ex.q, v=ex.q))
     if conv.fully_masked != "zeros":
-        strategy = strategy.filter(lambda ex: not bool(dead_rows(ex, conv.causal).any()))
+        strategy = strategy.filter(lambda ex: not bool(fully_masked(ex, conv.causal).any()))
     return strategy

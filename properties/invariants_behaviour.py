@@ -8,7 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 from properties.adapters import Conventions, NotApplicable
-from properties.applicable import dead_rows, examples_for
+from properties.applicable import examples_for, fully_masked
 from properties.measure import Measure, Violation, close, relation_allowed
 from properties.registry import invariant
 from properties.strategies import AttnExample, make_example
@@ -62,7 +62,7 @@ def rows_sum_to_one(bound: Bound, ex: AttnExample) -> Measure:
     w = weights.detach().double()
     if bool((w < 0).any()) or bool((w > 1 + 1e-6).any()):
         raise Violation(f"weights outside [0, 1]: min {float(w.min()):.3g}, max {float(w.max()):.3g}")
-    expected = (~dead_rows(ex, bound.conventions.causal)).double()  # (B, H, Lq)
+    expected = (~fully_masked(ex, bound.conventions.causal)).double()  # (B, H, Lq)
     allowed = 4 * ex.sizes.lk * torch.finfo(ex.q.dtype).eps
     return close(w.sum(dim=-1), expected, allowed, "row sums of the weights (1 where a key is kept, 0 otherwise)")
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mha.masks import additive_mask, causal_keep
 from properties.adapters import Conventions
-from properties.applicable import clean_rows, examples_for
+from properties.applicable import comparable_rows, examples_for
 from properties.measure import Measure, close, relation_allowed
 from properties.registry import invariant
 from properties.strategies import AttnExample
@@ -50,7 +50,7 @@ def _rows(bound: Bound, ex: AttnExample, n: int) -> torch.Tensor | None:
     NaN or uniform weights there (``fully_masked_rows`` checks those)."""
     if bound.conventions.fully_masked == "zeros":
         return None
-    return clean_rows(ex, bound.conventions.causal)[:, :n]
+    return comparable_rows(ex, bound.conventions.causal)[:, :n]
 
 
 def _cut(ex: AttnExample) -> int:

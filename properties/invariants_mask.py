@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from mha.masks import additive_mask
 from mha.tolerance import compare
 from properties.adapters import Conventions
-from properties.applicable import dead_rows, examples_for, keep_of
+from properties.applicable import examples_for, fully_masked, keep_of
 from properties.measure import UNCHECKED, Measure, Violation, close, ensure, oracle, relation_allowed, worst
 from properties.registry import StrategyFn, invariant
 from properties.strategies import AttnExample, build_keep
 from properties.targets import Bound
 
-_MASKED_KINDS = ("random", "padding", "causal", "dead_rows", "dead_item")
+_MASKED_KINDS = ("random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
 
 
 def _with_mask(kinds: tuple[str, ...] = _MASKED_KINDS) -> StrategyFn:
@@ -104,7 +104,7 @@ def _self_attention_masked_x(bound: Bound, ex: AttnExample, replace: torch.Tenso
 def _padding(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
         return "self-attention only: x is key and query at once, so a masked key's gradient is not 0"
-    return examples_for(conv, kinds=("padding", "dead_item"), need_mask=True)
+    return examples_for(conv, kinds=("padding", "fully_masked_item"), need_mask=True)
 
 
 @invariant("masked_grad_zero", strategy=_padding, needs_grads=True)
@@ -136,15 +136,15 @@ def masked_grad_zero(bound: Bound, ex: AttnExample) -> Measure:
     return Measure()
 
 
-def _dead(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+def _fully_masked_examples(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.mask:
         return "the target's forward takes no mask"
     # bypass examples_for's filter for targets declaring NaN/uniform: these rows are the point here
-    return examples_for(dataclasses.replace(conv, fully_masked="zeros"), kinds=("dead_rows", "dead_item"),
-                        need_mask=True)
+    return examples_for(dataclasses.replace(conv, fully_masked="zeros"),
+                        kinds=("fully_masked_rows", "fully_masked_item"), need_mask=True)
 
 
-@invariant("fully_masked_rows", strategy=_dead, reach="full")
+@invariant("fully_masked_rows", strategy=_fully_masked_examples, reach="full")
 def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
     """A query row whose keys are all masked gets zero weights: its output is w_o(0) = b_o.
 
@@ -156,8 +156,8 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
     gives), held against the float64 formula with that convention.
     """
     conv = bound.conventions
-    dead = dead_rows(ex, conv.causal)  # (B, H, Lq)
-    all_dead, affected = dead.all(dim=1), dead.any(dim=1)  # (B, Lq) each
+    masked = fully_masked(ex, conv.causal)  # (B, H, Lq)
+    all_masked, affected = masked.all(dim=1), masked.any(dim=1)  # (B, Lq) each
     if not bool(affected.any()):
         return UNCHECKED
     outs = {"output": bound(ex.q, ex.k, ex.v, ex.mask).detach()}
@@ -174,8 +174,9 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
             continue
         if not bool(torch.isfinite(out).all()):
             bad = tuple(int(i) for i in torch.nonzero(~torch.isfinite(out))[0][:2])
-            raise Violation(f"{path} not finite at (b, i)={bad}; a row with {'all' if bool(all_dead[bad]) else 'some'}"
-                            " heads fully masked should be finite")
+            heads = "all" if bool(all_masked[bad]) else "some"
+            raise Violation(f"{path} not finite at (b, i)={bad}; a row with {heads} heads fully masked "
+                            "should be finite")
         if conv.fully_masked == "uniform":
             ref, _, same = oracle(bound, ex)
             ensure(compare(out[affected], ref[affected], same[affected], ex.q.dtype),
@@ -183,7 +184,7 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
             seen[path] = "uniform"
             continue
         scale = float(expected.abs().max()) if expected.numel() else 0.0
-        close(out[all_dead], expected.expand_as(out[all_dead]), 1e-6 * (1.0 + scale),
+        close(out[all_masked], expected.expand_as(out[all_masked]), 1e-6 * (1.0 + scale),
               f"{path} of a fully masked row vs w_o(0) = b_o")
         seen[path] = "b_o"
     declared = {"nan": "NaN", "uniform": "uniform"}.get(conv.fully_masked)

@@ -24,7 +24,7 @@ from properties.strategies import AttnExample
 from properties.targets import Bound
 
 
-def _with_dead_rows(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+def _with_fully_masked_rows(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     # fully masked rows are drawn even for targets declaring NaN or uniform there: both paths
     # must agree on them, whatever the convention
     return examples_for(dataclasses.replace(conv, fully_masked="zeros"))
@@ -47,7 +47,7 @@ def _agree(got: torch.Tensor, expected: torch.Tensor, allowed: float, what: str)
     return Measure(error, allowed)
 
 
-@invariant("inference_mode_agreement", strategy=_with_dead_rows)
+@invariant("inference_mode_agreement", strategy=_with_fully_masked_rows)
 def inference_mode_agreement(bound: Bound, ex: AttnExample) -> Measure:
     """Under torch.inference_mode() the output equals the eval-mode output with autograd on.
 
@@ -60,7 +60,7 @@ def inference_mode_agreement(bound: Bound, ex: AttnExample) -> Measure:
     return _agree(got.clone(), expected, relation_allowed(bound, ex), "output under torch.inference_mode()")
 
 
-@invariant("train_mode_agreement", strategy=_with_dead_rows)
+@invariant("train_mode_agreement", strategy=_with_fully_masked_rows)
 def train_mode_agreement(bound: Bound, ex: AttnExample) -> Measure:
     """In training mode with every dropout probability at 0 the output equals the eval output.
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mha.reference import MHAParams, multi_head, one_head, same_precision
 from mha.tolerance import compare, tolerance_for
 from properties.adapters import Conventions, NotApplicable
-from properties.applicable import clean_rows, examples_for
+from properties.applicable import comparable_rows, examples_for
 from properties.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
 from properties.registry import invariant
 from properties.strategies import AttnExample, sizes
@@ -153,7 +153,7 @@ def gradcheck(bound: Bound, ex: AttnExample) -> Measure:
     """
     conv = bound.conventions
     cross = conv.cross_attention
-    rows = clean_rows(ex, conv.causal) if conv.fully_masked != "zeros" else torch.ones(
+    rows = comparable_rows(ex, conv.causal) if conv.fully_masked != "zeros" else torch.ones(
         ex.sizes.batch, ex.sizes.lq, dtype=torch.bool)
     if not bool(rows.any()):
         return UNCHECKED

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from mha.masks import additive_mask, causal_keep, kept_fraction
 
 # Mask structures; the first shrinks best.
-MASK_KINDS = ("none", "all_keep", "random", "padding", "causal", "dead_rows", "dead_item")
+MASK_KINDS = ("none", "all_keep", "random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
 # Mask shapes, all broadcasting to (B, H, Lq, Lk).
 MASK_FORMS = ("B1LL", "11LL", "LL", "BHLL", "B11L")
 # bool keep-mask; additive float 0/-inf; additive float with finite biases on kept keys;
@@ -271,7 +271,7 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
     """The bool keep-mask (True = may attend) that ``spec`` describes, in the shape of its form.
 
     Masks with a batch axis differ per item. A key-padding form (B, 1, 1, Lk) has no query
-    axis, so a causal structure there becomes padding and dead rows become a dead item.
+    axis, so a causal structure there becomes padding and fully masked rows become a fully masked item.
     """
     if spec.kind == "none":
         return None
@@ -292,17 +292,17 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
         keep = keep.expand(n_items, *shape[-3:]) if len(shape) == 4 else keep[0, 0].expand(shape)
     elif kind == "causal":
         keep = causal_keep(s.lq, s.lk).expand(shape)
-    elif kind == "dead_rows":
+    elif kind == "fully_masked_rows":
         keep = torch.rand(shape, generator=gen) < 0.6
-        dead = torch.rand(shape[:-1], generator=gen) < 0.4  # (..., Lq)
-        dead.view(-1)[torch.randint(0, dead.numel(), (1,), generator=gen)] = True  # at least one fully masked row
-        keep = keep & ~dead.unsqueeze(-1)
-    elif kind == "dead_item":
+        masked = torch.rand(shape[:-1], generator=gen) < 0.4  # (..., Lq)
+        masked.view(-1)[torch.randint(0, masked.numel(), (1,), generator=gen)] = True  # at least one fully masked row
+        keep = keep & ~masked.unsqueeze(-1)
+    elif kind == "fully_masked_item":
         keep = torch.rand(shape, generator=gen) < 0.6
         if len(shape) == 4:
             keep[torch.randint(0, shape[0], (1,), generator=gen)] = False  # one item sees no key, next to live ones
         else:
-            keep[:] = False  # no batch axis: every item is the dead item
+            keep[:] = False  # no batch axis: every item is the fully masked item
     else:
         raise ValueError(f"kind must be one of {MASK_KINDS}, got kind={spec.kind!r}")
     return keep.contiguous()

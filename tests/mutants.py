@@ -39,8 +39,8 @@ class _Explicit(MultiHeadAttention):
         return score + mask
 
     def normalize(self, score: torch.Tensor) -> torch.Tensor:
-        alive = score.amax(dim=-1, keepdim=True) > float("-inf")
-        return torch.softmax(score.masked_fill(~alive, 0.0), dim=-1).masked_fill(~alive, 0.0)
+        has_key = score.amax(dim=-1, keepdim=True) > float("-inf")
+        return torch.softmax(score.masked_fill(~has_key, 0.0), dim=-1).masked_fill(~has_key, 0.0)
 
     def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
         weights = self.dropout(self.normalize(self.masked(self.scores(qh, kh), mask)))
@@ -159,9 +159,9 @@ class MaxOverWholeBatch(_Explicit):
     an item of small scale next to one of large scale underflows to 0 / 0."""
 
     def normalize(self, score: torch.Tensor) -> torch.Tensor:
-        alive = score.amax(dim=-1, keepdim=True) > float("-inf")
-        e = torch.exp(score - score.masked_fill(~alive, 0.0).amax())
-        return (e / e.sum(dim=-1, keepdim=True)).masked_fill(~alive, 0.0)
+        has_key = score.amax(dim=-1, keepdim=True) > float("-inf")
+        e = torch.exp(score - score.masked_fill(~has_key, 0.0).amax())
+        return (e / e.sum(dim=-1, keepdim=True)).masked_fill(~has_key, 0.0)
 
 
 class ValuesDetached(_Explicit):
@@ -171,7 +171,7 @@ class ValuesDetached(_Explicit):
         return super()._fast_attention(qh, kh, vh.detach(), mask)
 
 
-class DeadRowsZeroAfterProjection(MultiHeadAttention):
+class FullyMaskedRowsZeroedAfterProjection(MultiHeadAttention):
     """Fully masked rows zeroed after w_o (output 0) instead of before (output b_o)."""
 
     mha_verify_conventions = _NO_WEIGHTS
@@ -339,7 +339,7 @@ CATALOG: dict[str, tuple[type[MultiHeadAttention], str]] = {
     "kv_cache_carries_state": (KVCacheCarriesState, "determinism"),
     "max_over_whole_batch": (MaxOverWholeBatch, "batch_independence"),
     "values_detached": (ValuesDetached, "gradcheck"),
-    "dead_rows_zero_after_projection": (DeadRowsZeroAfterProjection, "fully_masked_rows"),
+    "fully_masked_rows_zeroed_after_projection": (FullyMaskedRowsZeroedAfterProjection, "fully_masked_rows"),
     "first_head_mask_only": (FirstHeadMaskOnly, "oracle_agreement"),
     "truncates_longer_values": (TruncatesLongerValues, "lk_equals_lv"),
     "drops_last_key": (DropsLastKey, "key_permutation"),

@@ -87,7 +87,7 @@ def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     proc = cli("--profile", "ci", "--no-export", "--only", "fully_masked_rows", "--target", target)
     assert "export stage is skipped" not in proc.stderr  # --no-export: nothing to say
     assert "replay:  mha-verify check --no-export --only fully_masked_rows" in proc.stdout
-    assert "example: B=1 Lq=" in proc.stdout and "mask dead_rows" in proc.stdout
+    assert "example: B=1 Lq=" in proc.stdout and "mask fully_masked_rows" in proc.stdout
 
 
 @pytest.mark.slow

@@ -51,9 +51,9 @@ class Frozen(nn.Module):
         kh = self.w_k(k).view(B, Lk, H, Hd).transpose(1, 2)
         vh = self.w_v(v).view(B, Lk, H, Hd).transpose(1, 2)
         heads = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
-        alive = mask.any(dim=-1, keepdim=True) if mask is not None else None
-        if alive is not None:
-            heads = torch.where(alive, heads, torch.zeros_like(heads))
+        has_key = mask.any(dim=-1, keepdim=True) if mask is not None else None
+        if has_key is not None:
+            heads = torch.where(has_key, heads, torch.zeros_like(heads))
         return self.w_o(heads.transpose(1, 2).reshape(B, Lq, self.d_model))
 '''
 
@@ -115,7 +115,7 @@ def test_mask_free_graph_has_three_inputs(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
-def test_dynamic_shapes_broadcast_masks_and_dead_rows_in_ort(tmp_path: Path, dtype: torch.dtype) -> None:
+def test_dynamic_shapes_broadcast_masks_and_fully_masked_rows_in_ort(tmp_path: Path, dtype: torch.dtype) -> None:
     bound = load_target().build(16, 4, seed=1, dtype=dtype)
     path = tmp_path / "m.onnx"
     export_onnx(bound, path, exporter="torchscript", opset=17, dtype=dtype)
@@ -142,7 +142,7 @@ def test_dynamic_shapes_broadcast_masks_and_dead_rows_in_ort(tmp_path: Path, dty
         assert result.ok, f"B={B} Lq={Lq} Lk={Lk} mask={mshape}: {result}"
         if mask is not None:
             assert torch.isfinite(out).all()
-            assert torch.equal(out[:, 0], bound.module.w_o.bias.detach().expand(B, 16)), "dead row != w_o.bias"
+            assert torch.equal(out[:, 0], bound.module.w_o.bias.detach().expand(B, 16)), "fully masked row != w_o.bias"
 
 
 def test_atomic_write_failure_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

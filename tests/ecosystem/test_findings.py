@@ -15,7 +15,7 @@ def _x(B: int = 2, L: int = 4, D: int = 8, dtype: torch.dtype = torch.float32) -
     return torch.randn(B, L, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
 
 
-def _dead_row_keep(B: int = 2, L: int = 4) -> torch.Tensor:
+def _fully_masked_row_keep(B: int = 2, L: int = 4) -> torch.Tensor:
     keep = torch.ones(B, 1, L, L, dtype=torch.bool)  # (B, 1, Lq, Lk)
     keep[:, :, 1, :] = False  # query row 1 sees no key
     return keep
@@ -34,7 +34,7 @@ def test_timm_unfused_path_gives_nan_on_a_fully_masked_row_where_the_fused_path_
     fused = layers.timm_attention(8, 2).eval()
     unfused = layers.timm_attention_unfused(8, 2).eval()
     unfused.load_state_dict(fused.state_dict())
-    x, keep = _x(), _dead_row_keep()
+    x, keep = _x(), _fully_masked_row_keep()
     with torch.no_grad():
         a, b = fused(x, attn_mask=keep), unfused(x, attn_mask=keep)
     assert torch.allclose(a[:, 1], fused.proj.bias.expand(2, 8))  # SDPA: zero weights, output b_o
@@ -49,7 +49,7 @@ def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
     eager = layers.bert_self_attention_eager(8, 2).eval()
     eager.load_state_dict(sdpa.state_dict())
     x = _x()
-    additive = torch.zeros(2, 1, 4, 4).masked_fill(~_dead_row_keep(), -math.inf)
+    additive = torch.zeros(2, 1, 4, 4).masked_fill(~_fully_masked_row_keep(), -math.inf)
     with torch.no_grad():
         a, b = sdpa(x, attention_mask=additive)[0], eager(x, attention_mask=additive)[0]
     assert bool((a[:, 1] == 0).all())  # no output projection: zero weights give 0
@@ -77,7 +77,7 @@ def test_x_transformers_returns_weights_1_over_lk_on_a_fully_masked_row_while_it
     torch.manual_seed(0)
     attn = layers.x_transformers_attention(8, 2).eval()
     with torch.no_grad():
-        out, inter = attn(_x(), attn_mask=_dead_row_keep(), return_intermediates=True)
+        out, inter = attn(_x(), attn_mask=_fully_masked_row_keep(), return_intermediates=True)
     assert bool((out[:, 1] == 0).all())
     weights = inter.post_softmax_attn  # (B, H, Lq, Lk)
     assert torch.allclose(weights[:, :, 1], torch.full_like(weights[:, :, 1], 1 / 4))
