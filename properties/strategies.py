@@ -325,9 +325,9 @@ def build_mask(spec: MaskSpec, s: Sizes, dtype: torch.dtype = torch.float32) -> 
         # A row whose every key has the large negative is a row of equal biases: float64 keeps
         # the scores under them, float32 rounds them away (1e9 + s), so no same-precision
         # formula agrees with the oracle there and its tolerance would swallow the example.
-        # Such rows keep their first key.
+        # Every row keeps its first key, the one key that any causal window also shows.
         keep = keep.clone()
-        keep[..., 0] |= ~keep.any(dim=-1)
+        keep[..., 0] = True
         choice = LARGE_NEGATIVES[spec.seed % len(LARGE_NEGATIVES)]
         big = torch.finfo(dtype).min if choice == "finfo.min" else max(float(choice), torch.finfo(dtype).min)
         return torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, big)
