@@ -25,6 +25,8 @@ from onnx import TensorProto, helper, numpy_helper
 MASK_DIMS = ("mask_batch", "mask_heads", "mask_lq", "mask_lk")
 # axis of the (B, H, Lq, Lk) mask -> (graph input, axis) carrying the same size; None = H (constant)
 _SOURCES: dict[int, tuple[str, int] | None] = {0: ("q", 0), 1: None, 2: ("q", 1), 3: ("k", 1)}
+# a self-attention graph's single input x (B, L, D) carries B and both lengths
+SELF_SOURCES: dict[int, tuple[str, int] | None] = {0: ("x", 0), 1: None, 2: ("x", 1), 3: ("x", 1)}
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int | None) -> int | None:
@@ -34,8 +36,14 @@ def _attr(node: onnx.NodeProto, name: str, default: int | None) -> int | None:
     return default
 
 
-def resource_mask_dims(model: onnx.ModelProto, n_head: int, mask: str = "mask") -> int:
-    """Replace every ``Shape(mask)`` node by sizes read from q and k (step 1); returns how many."""
+def resource_mask_dims(model: onnx.ModelProto, n_head: int, mask: str = "mask",
+                       sources: dict[int, tuple[str, int] | None] | None = None) -> int:
+    """Replace every ``Shape(mask)`` node by sizes read from q and k (step 1); returns how many.
+
+    ``sources``: which input axis carries each mask axis (default q and k; ``SELF_SOURCES``
+    for a self-attention graph with the single input x).
+    """
+    sources = _SOURCES if sources is None else sources
     nodes = list(model.graph.node)
     out: list[onnx.NodeProto] = []
     replaced = 0
@@ -49,7 +57,7 @@ def resource_mask_dims(model: onnx.ModelProto, n_head: int, mask: str = "mask") 
         parts = []
         for axis in axes:
             name = f"{node.output[0]}__axis{axis}"
-            src = _SOURCES[axis]
+            src = sources[axis]
             if src is None:
                 out.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(
                     np.array([n_head], dtype=np.int64), name)))

@@ -26,9 +26,9 @@ from torch import nn
 
 from export.atomic import atomic_path
 from export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
-from export.graph_fixes import refresh_shapes, relax_mask_input, resource_mask_dims
+from export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
 from export.opsets import ATTENTION_OP_OPSET, check_opset
-from export.wrapper import ExportWrapper, MaskFreeWrapper, example_inputs
+from export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs
 from properties.adapters import Adapter, find_adapter
 from properties.targets import Bound
 
@@ -107,13 +107,33 @@ def _in_dtype(bound: Bound, dtype: torch.dtype) -> Bound:
     return dataclasses.replace(bound, module=module.eval())
 
 
+def _innermost(exc: BaseException) -> BaseException:
+    """The exception at the bottom of ``exc``'s chain of causes (``__cause__``, else ``__context__``)."""
+    seen = {id(exc)}
+    while True:
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None or id(nxt) in seen:
+            return exc
+        seen.add(id(nxt))
+        exc = nxt
+
+
+def _names(args: tuple[torch.Tensor, ...]) -> list[str]:
+    """Graph input names: q, k, v[, mask], or x[, mask] for a self-attention export (1 or 2 inputs)."""
+    if len(args) <= 2:
+        return list(("x", "mask")[:len(args)])
+    return list(INPUT_NAMES[:len(args)])
+
+
 def _dynamo(wrapper: nn.Module, args: tuple[torch.Tensor, ...], opset: int) -> onnx.ModelProto:
     batch = torch.export.Dim("batch", min=1, max=_MAX_BATCH)
     lq = torch.export.Dim("lq", min=1, max=_MAX_LEN)
     lk = torch.export.Dim("lk", min=1, max=_MAX_LEN)
     shapes = {"q": {0: batch, 1: lq}, "k": {0: batch, 1: lk}, "v": {0: batch, 1: lk},
               "mask": {0: batch, 2: lq, 3: lk}}
-    names = list(INPUT_NAMES[:len(args)])
+    if len(args) <= 2:  # self-attention: x (B, L, D), mask (B, H, L, L)
+        shapes = {"x": {0: batch, 1: lq}, "mask": {0: batch, 2: lq, 3: lq}}
+    names = _names(args)
     program = torch.onnx.export(
         wrapper, args, None, dynamo=True, opset_version=opset, dynamic_shapes={n: shapes[n] for n in names},
         input_names=names, output_names=[OUTPUT_NAME], verbose=False,
@@ -127,7 +147,9 @@ def _torchscript(wrapper: nn.Module, args: tuple[torch.Tensor, ...], opset: int)
     buf = io.BytesIO()
     axes = {"q": {0: "batch", 1: "lq"}, "k": {0: "batch", 1: "lk"}, "v": {0: "batch", 1: "lk"},
             "mask": {0: "batch", 2: "lq", 3: "lk"}, OUTPUT_NAME: {0: "batch", 1: "lq"}}
-    names = list(INPUT_NAMES[:len(args)])
+    if len(args) <= 2:  # self-attention: x (B, L, D), mask (B, H, L, L)
+        axes = {"x": {0: "batch", 1: "lq"}, "mask": {0: "batch", 2: "lq", 3: "lq"}, OUTPUT_NAME: {0: "batch", 1: "lq"}}
+    names = _names(args)
     torch.onnx.export(
         wrapper, args, buf,  # type: ignore[arg-type]  # torch documents file objects for the TorchScript exporter
         dynamo=False, opset_version=opset, input_names=names,
@@ -144,13 +166,19 @@ def _trace(bound: Bound, exporter: str, opset: int, dtype: torch.dtype, device: 
     args: tuple[torch.Tensor, ...] = example_inputs(bound.d_model, bound.n_head, dtype=dtype, device=device)
     if not mask_input:
         args = args[:3]
+    if not bound.conventions.cross_attention:  # one input x (B, L, D), and a (B, H, L, L) mask if it takes one
+        takes_mask = mask_input and bool(bound.conventions.mask)
+        wrapper = SelfAttentionWrapper(bound, with_mask=takes_mask).eval()
+        x, mask = args[0], args[3] if len(args) > 3 else None
+        args = (x, mask[..., :, :x.shape[1]]) if takes_mask and mask is not None else (x,)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
             proto = (_dynamo if exporter == "dynamo" else _torchscript)(wrapper, args, opset)
     except Exception as exc:
-        raise ExportError(f"torch.onnx.export ({exporter}, opset {opset}) failed: {type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from exc
+        cause = _innermost(exc)  # torch wraps the real cause in generic "Next steps" text
+        raise ExportError(f"torch.onnx.export ({exporter}, opset {opset}) failed: {type(cause).__name__}: "
+                          f"{str(cause).strip().splitlines()[0] if str(cause).strip() else ''}") from exc
     written = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if written != opset:
         raise ExportError(f"asked the {exporter} exporter for opset {opset}, it wrote opset {written}")
@@ -247,16 +275,19 @@ def export_onnx(
         proto = _trace(bound, exporter, opset, dtype, device, mask_input)
         extra = {"graph": "standard"}
     try:
-        if mask_input and graph != GRAPH_LABEL:
-            resource_mask_dims(proto, bound.n_head)
+        has_mask = any(i.name == "mask" for i in proto.graph.input)
+        if has_mask and graph != GRAPH_LABEL:
+            self_attention = any(i.name == "x" for i in proto.graph.input)
+            resource_mask_dims(proto, bound.n_head, sources=SELF_SOURCES if self_attention else None)
             relax_mask_input(proto)
         proto = refresh_shapes(proto)
         from mha_verify import __version__
 
         set_metadata(proto, {
             "d_model": str(bound.d_model), "n_head": str(bound.n_head),
-            "mask_convention": MASK_CONVENTION if mask_input else NO_MASK_CONVENTION,
+            "mask_convention": MASK_CONVENTION if has_mask else NO_MASK_CONVENTION,
             "fully_masked": bound.conventions.fully_masked, "conventions": bound.conventions.describe(),
+            "causal": str(bound.conventions.causal).lower(),
             "exporter": exporter, "opset": str(opset),
             "dtype": dtype_name(dtype), "torch_version": torch.__version__, "mha_verify_version": __version__,
             "target": target_spec or f"{type(bound.module).__module__}.{type(bound.module).__qualname__}",

@@ -169,8 +169,9 @@ class OrtAdapter(Adapter):
     def conventions(self, module: nn.Module) -> Conventions:
         """Read from the model's interface: mask type and forms, self-attention, sizes, dtype.
 
-        ``fully_masked`` is the model's declaration (mha-verify's metadata entry) if it has
-        one, else our contract ("zeros"): a foreign model is held to the contract.
+        ``fully_masked`` and ``causal`` are the model's declaration (mha-verify's metadata
+        entries) if it has them, else our contract ("zeros", not causal): a foreign model is
+        held to the contract.
         """
         assert isinstance(module, OrtModule)
         info = module.info
@@ -181,7 +182,8 @@ class OrtAdapter(Adapter):
         return Conventions(
             **mask_args,  # type: ignore[arg-type]
             cross_attention=not info.self_attention, weights=False,
-            fully_masked=info.metadata.get("fully_masked", "zeros"), causal=False, grads=False, dropout=False,
+            fully_masked=info.metadata.get("fully_masked", "zeros"), causal=info.metadata.get("causal") == "true",
+            grads=False, dropout=False,
             sizes=(info.d_model, info.n_head), dtype=info.dtype,
             notes=(f"onnxruntime session on {info.path.name}",),
         )

@@ -93,3 +93,26 @@ class MaskFreeWrapper(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return self._adapter.call(self.target, q, k, v, None)
+
+
+class SelfAttentionWrapper(nn.Module):
+    """``forward(x, mask)`` or ``forward(x)``: a self-attention-only target exported with one input.
+
+    x (B, L, D) is query, key and value at once (the very same tensor, so the adapter's
+    self-attention call holds when traced); ``mask`` (when the target takes one) is a bool
+    keep-mask broadcasting to (B, H, L, L), expanded in full as for any foreign target.
+    """
+
+    def __init__(self, bound: Bound, with_mask: bool) -> None:
+        super().__init__()
+        self.target = bound.module
+        self._adapter = bound.adapter
+        self.n_head = bound.n_head
+        self.with_mask = with_mask
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.with_mask and mask is not None:
+            # (B|1, H|1, L|1, L|1) -> (B, H, L, L)
+            mask = mask & torch.ones(x.shape[0], self.n_head, x.shape[1], x.shape[1], dtype=torch.bool,
+                                     device=x.device)
+        return self._adapter.call(self.target, x, x, x, mask if self.with_mask else None)

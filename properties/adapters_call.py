@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,7 +161,21 @@ def _lower_triangular(t: torch.Tensor) -> bool:
 _SDPA_CAUSAL = re.compile(r"is_causal\s*=\s*True")
 
 
+_CAUSAL_SEEN: weakref.WeakKeyDictionary[nn.Module, tuple[bool, str]] = weakref.WeakKeyDictionary()
+
+
 def detect_causal(module: nn.Module) -> tuple[bool, str]:
+    """(causal, how we know) for ``module``, found once per instance (:func:`_detect_causal`).
+
+    Cached: reading a buffer's values is data-dependent, which torch's exporters cannot
+    trace, and a layer's structure does not change between calls.
+    """
+    if module not in _CAUSAL_SEEN:
+        _CAUSAL_SEEN[module] = _detect_causal(module)
+    return _CAUSAL_SEEN[module]
+
+
+def _detect_causal(module: nn.Module) -> tuple[bool, str]:
     """(causal, how we know), from the layer's structure, never its outputs.
 
     In order: a bool ``is_causal`` attribute (HF, torchtune), a bool ``causal`` attribute
