@@ -14,12 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from mha import MultiHeadAttention
+from mha.masks import keep_mask
 
 
 def _bool_keep(mask: torch.Tensor | None) -> torch.Tensor | None:
-    if mask is None or mask.dtype == torch.bool:
-        return mask
-    return mask > -math.inf
+    return keep_mask(mask)
 
 
 _NO_WEIGHTS = {"mask": ("bool", "float"), "weights": False}  # forward ignores need_weights
