@@ -252,7 +252,7 @@ def test_target_objects_are_what_the_stage_takes() -> None:
 def test_contrib_graph_is_labelled_and_validated_like_any_other(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.onnx"
-    assert main(["export", "--d-model", "16", "--n-head", "4", "--graph", "ort-contrib", "--profile", "quick",
+    assert main(["export", "--d-model", "16", "--n-head", "4", "--graph", "ort-contrib", "--profile", "ci",
                  "-o", str(out)]) == 0
     written = tmp_path / "m.ort-contrib.onnx"
     assert written.is_file() and not out.exists()

@@ -25,7 +25,7 @@ class Frozen(MultiHeadAttention):
 @pytest.fixture(scope="module")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "ref.onnx"
-    assert main(["export", "--d-model", "16", "--n-head", "4", "--exporter", "torchscript", "--profile", "quick",
+    assert main(["export", "--d-model", "16", "--n-head", "4", "--exporter", "torchscript", "--profile", "ci",
                  "-o", str(out)]) == 0
     return out
 
@@ -35,7 +35,7 @@ def test_export_writes_a_validated_model(model: Path, capsys: pytest.CaptureFixt
 
 
 def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(model), "--profile", "quick", "--no-isolation"]) == 0
+    assert main(["validate", str(model), "--profile", "ci", "--no-isolation"]) == 0
     assert "0 failed" in capsys.readouterr().out
     other_weights = ["--target", "mha:MultiHeadAttention", "--weight-seed", "3"]  # not the model's weights
     assert main(["validate", str(model), "--profile", "quick", "--no-isolation", *other_weights]) == 1
@@ -52,7 +52,7 @@ def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.Capture
 
 
 def test_validate_isolated_by_default(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["validate", str(model), "--profile", "quick"]) == 0
+    assert main(["validate", str(model), "--profile", "ci"]) == 0
 
 
 def test_export_that_fails_validation_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

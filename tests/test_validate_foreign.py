@@ -200,7 +200,7 @@ def test_validate_verdicts(models: dict[str, Path], name: str) -> None:
 def test_cli_maps_inputs_prints_the_interface_and_exits_by_verdict(models: dict[str, Path],
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     path = str(models["dynamo23-B1LL"])
-    assert main(["validate", path, "--profile", "quick", "--no-isolation",
+    assert main(["validate", path, "--profile", "ci", "--no-isolation",
                  "--inputs", "q=query,k=key,v=value,mask=attn_mask"]) == 0
     out = capsys.readouterr().out
     assert "mask <- attn_mask (batch, 1, lq, lk) bool" in out and "n_head=4" in out
