@@ -124,6 +124,11 @@ def bench_ort(B: int, L: int, D: int, H: int, *, reps: int) -> dict[str, float]:
         contenders[f"{graph} mask-free"] = _onnx_runner(ref, x, x, x, graph=graph)
         contenders[f"{graph} all-True"] = _onnx_runner(ref, x, x, x, graph=graph, mask_input=True)
         contenders[f"{graph}+mask"] = _onnx_runner(ref, x, x, x, graph=graph, mask=mask, mask_input=True)
+    return _interleaved(contenders, reps)
+
+
+def _interleaved(contenders: dict[str, Callable[[], object]], reps: int) -> dict[str, float]:
+    """Median seconds per call of each contender, timed ``reps`` times in a shuffled order each repetition."""
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     with torch.inference_mode():
         inner = {name: _inner(fn) for name, fn in contenders.items()}  # also the warm-up
@@ -166,15 +171,7 @@ def bench_size(B: int, L: int, D: int, H: int, *, cross: bool, reps: int, onnx: 
     }
     if onnx:
         contenders["onnxruntime"] = _onnx_runner(ref, q, kv, v)
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    with torch.inference_mode():
-        inner = {name: _inner(fn) for name, fn in contenders.items()}  # also the warm-up
-        for _ in range(reps):
-            order = list(contenders)
-            random.shuffle(order)
-            for name in order:
-                samples[name].append(_time(contenders[name], inner[name]))
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return _interleaved(contenders, reps)
 
 
 def matmul_rate(reps: int) -> float:
