@@ -183,7 +183,7 @@ class OrtAdapter(Adapter):
             **mask_args,  # type: ignore[arg-type]
             cross_attention=not info.self_attention, weights=False,
             fully_masked=info.metadata.get("fully_masked", "zeros"), causal=info.metadata.get("causal") == "true",
-            grads=False, dropout=False,
+            grads=False, dropout=False, torch_modes=False,
             sizes=(info.d_model, info.n_head), dtype=info.dtype,
             notes=(f"onnxruntime session on {info.path.name}",),
         )

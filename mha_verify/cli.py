@@ -85,6 +85,8 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds per check before it counts as hung (default: 60, or 0.6 per example if more)")
     p.add_argument("--no-isolation", action="store_true",
                    help="run checks in this process (faster start; a crash then ends the gate)")
+    p.add_argument("--jobs", type=_positive, default=None,
+                   help="worker processes running checks side by side (default: one per core)")
     p.set_defaults(func=run_check)
 
 
@@ -124,9 +126,10 @@ def _replay_command(args: argparse.Namespace, name: str) -> str:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from export.opsets import EXPORTERS
     from mha_verify import baseline, report_html, report_json, report_junit, report_text
     from mha_verify.atomic import AtomicWriter
-    from mha_verify.isolation import Limits, run_tasks
+    from mha_verify.isolation import Limits, default_jobs, run_tasks
     from properties import profiles
     from properties.runner import select
     from properties.targets import TargetError, load_target
@@ -158,8 +161,10 @@ def run_check(args: argparse.Namespace) -> int:
     tasks = [(p.name, "properties", ("property_check", dict(common, name=p.name, seed=args.seed, dtype=args.dtype,
                                                               replay=_replay_command(args, p.name))))
              for p in props]
-    if not args.no_export and names is None:
-        tasks.append(("export", "export", ("export_checks", dict(common, bundle_dir=args.bundle_dir))))
+    if not args.no_export and names is None:  # one task per exporter, so that they can run side by side
+        tasks += [(f"export-{exporter}", "export", ("export_checks", dict(common, bundle_dir=args.bundle_dir,
+                                                                          exporters=(exporter,))))
+                  for exporter in EXPORTERS]
     elif not args.no_export:
         print("mha-verify: --only runs the named properties only: the ONNX export stage is skipped "
               "(run without --only to export)", file=sys.stderr)
@@ -168,7 +173,9 @@ def run_check(args: argparse.Namespace) -> int:
     def progress(name: str) -> None:
         print(f"  running {name} ...", file=sys.stderr, flush=True)
 
-    results = run_tasks(tasks, limits=limits, progress=progress)
+    # the export tasks are the longest: handed out first, they do not leave one worker busy at the end
+    results = run_tasks(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
+                        first=lambda t: t[1] == "export")
     if stored is not None:
         results += baseline.compare(results, stored, args.budget)
     print(report_text.table(results))

@@ -122,11 +122,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from export.interface import ModelError, parse_input_map, read_interface
     from export.ort_target import load_eager, params_from_graph
     from export.validation import interface_result, validation_tasks
-    from mha_verify.isolation import Limits, run_tasks
+    from mha_verify.isolation import Limits, default_jobs, run_tasks
     from properties import profiles
     from properties.targets import TargetError
 
     try:
+        if args.jobs is not None and args.jobs < 1:
+            raise ValueError(f"--jobs must be a positive integer, got {args.jobs}")
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
         mapping = parse_input_map(args.inputs)
@@ -147,7 +149,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              weights=args.weights, weight_seed=_weight_seed(args), mapping=mapping,
                              bundle_dir=args.bundle_dir)
     limits = Limits(timeout=args.timeout) if _isolated(args) else None
-    results = [interface_result(info, info.config), *run_tasks(tasks, limits=limits)]
+    results = [interface_result(info, info.config), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(format_results(results))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
@@ -208,4 +210,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     va.add_argument("--no-isolation", dest="isolate", action="store_false",
                     help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
     va.add_argument("--timeout", type=float, default=600.0, help="seconds before an isolated run counts as hung")
+    va.add_argument("--jobs", type=int, default=None, help="worker processes running checks side by side "
+                    "(default: one per core)")
     va.set_defaults(func=cmd_validate)

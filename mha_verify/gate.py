@@ -51,12 +51,15 @@ def property_check(*, spec: str | None, adapter: str | None, name: str, profile:
 
 
 def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_examples: int | None,
-                  database: str | None, bundle_dir: str | None) -> list[CheckResult]:
-    """The export stage: both exporters, validated in onnxruntime."""
+                  database: str | None, bundle_dir: str | None,
+                  exporters: tuple[str, ...] | None = None) -> list[CheckResult]:
+    """The export stage: ``exporters`` (default both), each model validated in onnxruntime."""
     from export.export_stage import export_stage
+    from export.opsets import EXPORTERS
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
-    return export_stage(load_target(spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir)
+    return export_stage(load_target(spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir,
+                        exporters=EXPORTERS if exporters is None else exporters)
 
 
 def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str, max_examples: int | None,

@@ -1,9 +1,12 @@
 """Run checks in a worker process, so that a crash, hang or memory blow-up inside the target or
 onnxruntime becomes that check's failure instead of a dead gate.
 
-One worker runs the tasks in order (imports are paid once). A task that does not finish in
-``timeout`` seconds, or during which the worker dies (segfault, out of memory), is reported
-as a failed CheckResult; a new worker takes the remaining tasks.
+``jobs`` workers (one per core by default, see :func:`default_jobs`) take the tasks from one
+queue; each runs its tasks in turn (imports are paid once per worker, and a worker's torch
+gets ``cores // jobs`` threads, so workers do not fight over cores). A task that does not
+finish in ``timeout`` seconds, or during which its worker dies (segfault, out of memory), is
+reported as a failed CheckResult; a new worker takes that worker's remaining tasks. Results
+come back in the order of the tasks, whatever order they finished in.
 
 How the worker starts (measured on Linux, 2 cores, torch 2.13 CPU; time from
 ``Process.start`` to the reply of a task that imports ``mha_verify.gate`` and runs a parallel
@@ -35,8 +38,11 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
+import queue
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +67,7 @@ TIMEOUT_PER_EXAMPLE = 0.6
 class Limits:
     timeout: float | None = None  # seconds per task; None: from the task's example count (see timeout_for)
     memory_gb: float | None = 16.0  # address-space limit of the worker (None: no limit)
+    torch_threads: int | None = None  # torch's intra-op threads in the worker (None: torch's default)
 
     def timeout_for(self, task: Task) -> float:
         """The explicit timeout, else MIN_TIMEOUT or TIMEOUT_PER_EXAMPLE x the task's examples."""
@@ -85,12 +92,24 @@ def _context() -> Any:
     return ctx
 
 
-def _worker(conn: Connection, memory_gb: float | None) -> None:
+def default_jobs() -> int:
+    """Workers for the gate: one per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None) -> None:
     if memory_gb is not None:
         import resource
 
         limit = int(memory_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    if torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(torch_threads)
     from mha_verify import gate
 
     while True:
@@ -130,7 +149,8 @@ class Isolated:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_worker, args=(child, self.limits.memory_gb), daemon=True)
+        self._proc = self._ctx.Process(target=_worker, daemon=True,
+                                       args=(child, self.limits.memory_gb, self.limits.torch_threads))
         self._proc.start()
         child.close()
         self._conn = parent
@@ -173,21 +193,62 @@ class Isolated:
 
 
 def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
-              progress: Callable[[str], None] | None = None) -> list[CheckResult]:
-    """Run (name, stage, task) in order: in a worker process, or in this one when ``limits`` is None."""
+              progress: Callable[[str], None] | None = None, jobs: int = 1,
+              first: Callable[[tuple[str, str, Task]], bool] | None = None) -> list[CheckResult]:
+    """Run (name, stage, task): in ``jobs`` worker processes, or in this one when ``limits`` is None.
+
+    Tasks for which ``first`` is true are handed out before the others (the longest ones, so
+    that no worker is left with a long task at the end); results keep the order of ``tasks``.
+    """
     from mha_verify import gate
 
-    results: list[CheckResult] = []
-    worker = Isolated(limits) if limits is not None else None
-    try:
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a positive integer, got jobs={jobs!r}")
+    order = sorted(range(len(tasks)), key=lambda i: not first(tasks[i])) if first else list(range(len(tasks)))
+    if limits is None:
+        results: list[CheckResult] = []
         for name, stage, task in tasks:
             if progress:
                 progress(f"{stage}/{name}")
-            if worker is None:
-                results += getattr(gate, task[0])(**task[1])
-            else:
-                results += worker.run(task, name=name, stage=stage)
-    finally:
-        if worker is not None:
+            results += getattr(gate, task[0])(**task[1])
+        return results
+    jobs = min(jobs, len(tasks)) or 1
+    if jobs > 1 and limits.torch_threads is None:
+        limits = Limits(limits.timeout, limits.memory_gb, torch_threads=max(1, default_jobs() // jobs))
+    pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for i in order:
+        pending.put(i)
+    done: dict[int, list[CheckResult]] = {}
+    lock = threading.Lock()
+
+    def serve() -> None:
+        worker = Isolated(limits)
+        try:
+            while True:
+                try:
+                    i = pending.get_nowait()
+                except queue.Empty:
+                    return
+                name, stage, task = tasks[i]
+                if progress:
+                    with lock:
+                        progress(f"{stage}/{name}")
+                try:
+                    got = worker.run(task, name=name, stage=stage)
+                except Exception as exc:  # e.g. a task that cannot be pickled: that task's failure
+                    got = [CheckResult(name, stage, "fail",
+                                       reason=f"could not run the check: {type(exc).__name__}: {exc}")]
+                with lock:
+                    done[i] = got
+        finally:
             worker.close()
-    return results
+
+    if jobs == 1:
+        serve()
+    else:
+        threads = [threading.Thread(target=serve, daemon=True) for _ in range(jobs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return [r for i in range(len(tasks)) for r in done[i]]

@@ -56,6 +56,8 @@ class Conventions:
     sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
     dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
     kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
+    torch_modes: torch's inference mode and training mode reach the computation (False for an
+        onnxruntime session: it computes the same whatever torch's modes).
     notes: the conventions in words, printed in the report.
     """
 
@@ -70,6 +72,7 @@ class Conventions:
     sizes: tuple[int, int] | None = None
     dtype: torch.dtype | None = None
     kv_heads: int | None = None
+    torch_modes: bool = True
     notes: tuple[str, ...] = field(default=())
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
@@ -259,11 +262,12 @@ class QKVAdapter(Adapter):
         return read_signature(module).mask is not None
 
     def conventions(self, module: nn.Module) -> Conventions:
-        sig = inspect.signature(module.forward).parameters
+        from properties.adapters_call import read_signature
+
         found = Conventions(
             mask=self.native_mask if self._has_mask(module) else frozenset(),
             cross_attention=not self._self_attention(module),
-            weights="need_weights" in sig or self.returns_weights,
+            weights=read_signature(module).need_weights or self.returns_weights,
             dropout=self.has_dropout(module),
             notes=(f"adapter {self.name}",),
         )

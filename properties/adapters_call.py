@@ -17,9 +17,11 @@ adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, f
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +58,13 @@ class Signature:
 
 def read_signature(module: nn.Module) -> Signature:
     """The roles in ``module.forward``'s signature, decided from parameter names only."""
-    params = inspect.signature(module.forward).parameters
+    forward = module.forward
+    return _roles(getattr(forward, "__func__", forward))  # read once per forward function
+
+
+@functools.lru_cache(maxsize=256)
+def _roles(forward: Callable[..., Any]) -> Signature:
+    params = inspect.signature(forward).parameters
     names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     first = next((n for n in INPUT_NAMES if n in names), names[0] if names else "x")
     key = value = context = None

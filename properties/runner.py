@@ -79,6 +79,39 @@ def effective_dtype(prop: Property, conv: Conventions, dtype: torch.dtype | None
     return dtype
 
 
+def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats: _Stats, ex: AttnExample) -> None:
+    """One example: build the target at its sizes, run the property, record the measure in ``stats``."""
+    s = ex.sizes
+    bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)
+    try:
+        measure = prop.check(bound, ex)
+    except NotApplicable as exc:  # the target could not take this one call: nothing compared
+        why = str(exc)
+        stats.unchecked += 1
+        stats.unchecked_why[why] = stats.unchecked_why.get(why, 0) + 1
+        return
+    except Exception as exc:
+        stats.failure, stats.failing_example = _summary(exc), ex
+        if isinstance(exc, Violation):
+            failing = Measure(exc.error, exc.allowed)
+            stats.worst = max(stats.worst, failing, key=_ratio)
+            stats.failing_ratio = _json_ratio(_ratio(failing))
+        else:
+            stats.failing_ratio = "nan"
+        raise
+    if not measure.checked:
+        stats.unchecked += 1
+        return
+    stats.checked += 1
+    stats.ratios.append(_json_ratio(_ratio(measure)))
+    stats.declared |= measure.declared
+    if measure.remark and len(stats.remarks) < 3 and measure.remark.split(":")[0] not in {
+            r.split(":")[0] for r in stats.remarks}:
+        stats.remarks.append(measure.remark)  # one of each kind: the first example's words
+    if _ratio(measure) >= _ratio(stats.worst):
+        stats.worst = measure
+
+
 def run_property(
     prop: Property, target: Target, *, settings: Settings, seed: int | None = None,
     replay: str | None = None, dtype: torch.dtype | None = None,
@@ -103,36 +136,8 @@ def run_property(
                            details={"conventions": conventions})
     stats = _Stats()
 
-    def body(ex: AttnExample) -> None:
-        s = ex.sizes
-        bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)
-        try:
-            measure = prop.check(bound, ex)
-        except NotApplicable as exc:  # the target could not take this one call: nothing compared
-            why = str(exc)
-            stats.unchecked += 1
-            stats.unchecked_why[why] = stats.unchecked_why.get(why, 0) + 1
-            return
-        except Exception as exc:
-            stats.failure, stats.failing_example = _summary(exc), ex
-            if isinstance(exc, Violation):
-                failing = Measure(exc.error, exc.allowed)
-                stats.worst = max(stats.worst, failing, key=_ratio)
-                stats.failing_ratio = _json_ratio(_ratio(failing))
-            else:
-                stats.failing_ratio = "nan"
-            raise
-        if not measure.checked:
-            stats.unchecked += 1
-            return
-        stats.checked += 1
-        stats.ratios.append(_json_ratio(_ratio(measure)))
-        stats.declared |= measure.declared
-        if measure.remark and len(stats.remarks) < 3 and measure.remark.split(":")[0] not in {
-                r.split(":")[0] for r in stats.remarks}:
-            stats.remarks.append(measure.remark)  # one of each kind: the first example's words
-        if _ratio(measure) >= _ratio(stats.worst):
-            stats.worst = measure
+    def body(ex: AttnExample) -> None:  # kept short: Hypothesis reads (and tokenizes) its source every run
+        _check_example(prop, target, run_dtype, stats, ex)
 
     def run(strategy: st.SearchStrategy[AttnExample], settings: Settings) -> BaseException | None:
         test = given(strategy)(body)
