@@ -11,6 +11,8 @@ bool True = may attend, float = additive bias, fully masked rows get zero weight
 from __future__ import annotations
 
 import math
+import weakref
+from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
@@ -38,8 +40,35 @@ class MHAParams(NamedTuple):
     b_o: torch.Tensor | None
 
     def to(self, dtype: torch.dtype) -> MHAParams:
-        """All weights detached and converted to ``dtype``."""
-        return MHAParams._make(None if t is None else t.detach().to(dtype) for t in self)
+        """All weights detached and converted to ``dtype`` (read-only: conversions are shared, see _converted)."""
+        return MHAParams._make(None if t is None else _converted(t, dtype) for t in self)
+
+
+# The oracle converts the same weights to float64 several times per example (the formula, the
+# same-precision formula twice, the relations' allowances): 3 s of a ci gate. A conversion is
+# reused while the tensor that owns the memory (the parameter itself, or the base of a view
+# such as a slice of a fused qkv weight) is alive, so its memory cannot have been reused,
+# and unmodified: torch bumps ``_version`` on every in-place change (head_split's
+# restriction of W_o), for views and base alike.
+_Key = tuple[int, tuple[int, ...], tuple[int, ...], torch.dtype, torch.dtype]
+_CONVERSIONS: OrderedDict[_Key, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = OrderedDict()
+_CONVERSIONS_KEPT = 64
+
+
+def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.dtype == dtype:
+        return t.detach()
+    owner = t if t._base is None else t._base
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, dtype)
+    hit = _CONVERSIONS.get(key)
+    if hit is not None and hit[0]() is owner and hit[1] == t._version:
+        _CONVERSIONS.move_to_end(key)
+        return hit[2]
+    out = t.detach().to(dtype)
+    _CONVERSIONS[key] = (weakref.ref(owner), t._version, out)
+    while len(_CONVERSIONS) > _CONVERSIONS_KEPT:
+        _CONVERSIONS.popitem(last=False)
+    return out
 
 
 def attention(

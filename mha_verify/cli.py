@@ -126,6 +126,10 @@ def _replay_command(args: argparse.Namespace, name: str) -> str:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if not args.no_isolation:
+        from mha_verify.isolation import start_server
+
+        start_server()
     from export.opsets import EXPORTERS
     from mha_verify import baseline, report_html, report_json, report_junit, report_text
     from mha_verify.atomic import AtomicWriter

@@ -100,6 +100,19 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def start_server() -> None:
+    """Start the fork server now (Linux), so that its imports run beside the caller's own.
+
+    The gate calls this before it imports torch and loads the target: the server's 2 s of
+    imports then overlap the CLI's instead of following them.
+    """
+    if sys.platform == "linux":
+        from multiprocessing import forkserver
+
+        _context()
+        forkserver.ensure_running()
+
+
 def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None) -> None:
     if memory_gb is not None:
         import resource

@@ -191,52 +191,58 @@ def sizes(
         _check_positive(d_model=d_fixed, n_head=h_fixed)
         if d_fixed % h_fixed:
             raise ValueError(f"fixed d_model={d_fixed} is not divisible by n_head={h_fixed}")
+    forced = _FORCED_CASE.get()
+    cases = _CASE_TABLE.get() if forced is None else (forced,)
+    return _draw_sizes(cases, min_batch, max_batch, min_len, max_len, max_heads, max_head_dim, max_d_model, fixed)
+
+
+# Composite strategies are decorated once, here: ``st.composite`` inspects the function's
+# signature, which cost 5 ms for every strategy built inside ``sizes()`` (10 s of a ci gate).
+@st.composite
+def _draw_sizes(draw: st.DrawFn, cases: tuple[tuple[str, object], ...], min_batch: int, max_batch: int,
+                min_len: int, max_len: int, max_heads: int, max_head_dim: int, max_d_model: int,
+                fixed: tuple[int, int] | None) -> Sizes:
     small_len = min(8, max_len)
 
     def clamp(n: int) -> int:
         return max(min_len, min(max_len, n))
 
-    def small(draw: st.DrawFn, lo: int = 1) -> int:
+    def small(lo: int = 1) -> int:
         return draw(st.integers(max(min_len, lo), max(min_len, lo, small_len)))
 
-    forced = _FORCED_CASE.get()
-    cases = _CASE_TABLE.get() if forced is None else (forced,)
+    # Every choice is drawn in the same order whatever the case, and the case overrides
+    # afterwards: the shrinker can then move a counterexample to the "small" case (index 0).
+    axis, value = draw(st.sampled_from(cases))
+    batch = draw(st.integers(min_batch, max(min_batch, min(3, max_batch))))
+    lq = small(1)
+    lk_mode = draw(st.sampled_from(_LK_MODES))
+    lk_other = small(2)
+    n_head = draw(st.integers(1, min(4, max_heads)))
+    head_dim = draw(st.integers(1, min(8, max_head_dim)))
+    # beside a wide or batch axis, two positions at least: with one key, softmax is 1 and keys cannot matter
+    if axis in ("batch", "heads"):
+        lq = clamp(max(lq, 2))
+        lk_mode = "other" if lk_mode == "one" else lk_mode
+    # Lk = 1 only when chosen ("one"): a single query meets several keys otherwise (decoding)
+    lk = lq if lk_mode == "same" and lq > 1 else clamp(1) if lk_mode == "one" else lk_other
+    if axis == "batch":
+        batch = max(min_batch, min(max_batch, int(value)))  # type: ignore[call-overload]
+    if axis in ("lq", "lqlk"):
+        lq = clamp(int(value))  # type: ignore[call-overload]
+    if axis in ("lk", "lqlk"):
+        lk = clamp(int(value))  # type: ignore[call-overload]
+    if fixed is not None:
+        return Sizes(batch, lq, lk, fixed[0], fixed[1])
+    if axis == "heads":
+        assert isinstance(value, tuple)
+        wide: tuple[int, int] = value
+        n_head, head_dim = min(wide[0], max_heads), min(wide[1], max_head_dim)
+        while n_head * head_dim > max_d_model and head_dim > 1:
+            head_dim //= 2
+    return Sizes(batch, lq, lk, n_head * head_dim, n_head)
 
-    @st.composite
-    def draw_sizes(draw: st.DrawFn) -> Sizes:
-        # Every choice is drawn in the same order whatever the case, and the case overrides
-        # afterwards: the shrinker can then move a counterexample to the "small" case (index 0).
-        axis, value = draw(st.sampled_from(cases))
-        batch = draw(st.integers(min_batch, max(min_batch, min(3, max_batch))))
-        lq = small(draw, 1)
-        modes = ("same", "other", "same", "other", "same", "other", "other", "same", "other", "one")
-        lk_mode = draw(st.sampled_from(modes))
-        lk_other = small(draw, 2)
-        n_head = draw(st.integers(1, min(4, max_heads)))
-        head_dim = draw(st.integers(1, min(8, max_head_dim)))
-        # beside a wide or batch axis, two positions at least: with one key, softmax is 1 and keys cannot matter
-        if axis in ("batch", "heads"):
-            lq = clamp(max(lq, 2))
-            lk_mode = "other" if lk_mode == "one" else lk_mode
-        # Lk = 1 only when chosen ("one"): a single query meets several keys otherwise (decoding)
-        lk = lq if lk_mode == "same" and lq > 1 else clamp(1) if lk_mode == "one" else lk_other
-        if axis == "batch":
-            batch = max(min_batch, min(max_batch, int(value)))  # type: ignore[call-overload]
-        if axis in ("lq", "lqlk"):
-            lq = clamp(int(value))  # type: ignore[call-overload]
-        if axis in ("lk", "lqlk"):
-            lk = clamp(int(value))  # type: ignore[call-overload]
-        if fixed is not None:
-            return Sizes(batch, lq, lk, fixed[0], fixed[1])
-        if axis == "heads":
-            assert isinstance(value, tuple)
-            wide: tuple[int, int] = value
-            n_head, head_dim = min(wide[0], max_heads), min(wide[1], max_head_dim)
-            while n_head * head_dim > max_d_model and head_dim > 1:
-                head_dim //= 2
-        return Sizes(batch, lq, lk, n_head * head_dim, n_head)
 
-    return draw_sizes()
+_LK_MODES = ("same", "other", "same", "other", "same", "other", "other", "same", "other", "one")
 
 
 def mask_specs(
@@ -367,22 +373,22 @@ def attention_examples(
     mask_st = mask_specs() if masks is None else masks
     if scales is None:
         scales = magnitudes(values=FLOAT16_MAGNITUDES) if dtype == torch.float16 else magnitudes()
-    scale_st = scales
+    return _draw_example(size_st, mask_st, scales, dtype, mixed_scales)
 
-    @st.composite
-    def draw_example(draw: st.DrawFn) -> AttnExample:
-        s = draw(size_st)
-        spec = draw(mask_st)
-        item_scales = tuple(draw(st.lists(scale_st, min_size=s.batch, max_size=s.batch)))
-        if mixed_scales and s.batch >= 2:
-            small, large = draw(st.permutations(range(s.batch)))[:2]
-            extremes = (1e-3, 1e3) if dtype != torch.float16 else (1e-3, 10.0)
-            item_scales = tuple(extremes[0] if i == small else extremes[1] if i == large else x
-                                for i, x in enumerate(item_scales))
-        seed = draw(st.integers(0, 2**16))
-        return make_example(s, spec, item_scales, seed, dtype)
 
-    return draw_example()
+@st.composite
+def _draw_example(draw: st.DrawFn, size_st: st.SearchStrategy[Sizes], mask_st: st.SearchStrategy[MaskSpec],
+                  scale_st: st.SearchStrategy[float], dtype: torch.dtype, mixed_scales: bool) -> AttnExample:
+    s = draw(size_st)
+    spec = draw(mask_st)
+    item_scales = tuple(draw(st.lists(scale_st, min_size=s.batch, max_size=s.batch)))
+    if mixed_scales and s.batch >= 2:
+        small, large = draw(st.permutations(range(s.batch)))[:2]
+        extremes = (1e-3, 1e3) if dtype != torch.float16 else (1e-3, 10.0)
+        item_scales = tuple(extremes[0] if i == small else extremes[1] if i == large else x
+                            for i, x in enumerate(item_scales))
+    seed = draw(st.integers(0, 2**16))
+    return make_example(s, spec, item_scales, seed, dtype)
 
 
 def make_example(

@@ -185,7 +185,9 @@ class Target:
             raise TargetError(f"{self.spec} returned {type(module).__name__}, not a torch.nn.Module")
         if self.randomize:
             randomize_parameters(module, seed)
-        module = module.to(dtype).eval()
+        if any(t.is_floating_point() and t.dtype != dtype for t in (*module.parameters(), *module.buffers())):
+            module = module.to(dtype)
+        module = module.eval()
         if self._copyable and sum(p.numel() for p in module.parameters()) >= self.PRISTINE_MIN_NUMEL:
             try:
                 self._pristine[key] = copy.deepcopy(module)
