@@ -3,7 +3,8 @@
     python -m benchmarks.bench_gate [--profiles quick,ci] [--pytest]
 
 Prints: the floor (starting Python and importing torch, onnxruntime and the harness; one
-export with each exporter), the gate's wall time per profile and its ratio to that floor,
+export with each exporter), the gate's wall time per profile (with its default workers, one
+per core) and its ratio to that floor,
 examples per second per property (from the gate's JSON report), and with ``--pytest`` the
 speed-up of ``pytest -n 2`` over a serial run of the test suite. Every figure comes from
 this one run; nothing is timed inside the tests.
@@ -63,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"gate --profile {profile} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
                 return 1
             doc = json.loads(report.read_text())
-        print(f"\ngate --profile {profile}: {wall:.1f} s wall = {wall / floor:.1f} x the floor")
+        from mha_verify.isolation import default_jobs
+
+        busy = sum(r["seconds"] for r in doc["results"])
+        print(f"\ngate --profile {profile}: {wall:.1f} s wall = {wall / floor:.1f} x the floor "
+              f"({default_jobs()} workers; the checks' own times add up to {busy:.1f} s)")
         props = [r for r in doc["results"] if r["stage"] == "properties"]
         for r in props:
             rate = r["examples"] / r["seconds"] if r["seconds"] else float("nan")

@@ -3,8 +3,8 @@
     python -m benchmarks.strategy_stats [--public N]
 
 Prints, as percentages, for the public ``attention_examples()`` (N random draws) and for the
-examples the ``ci`` profile feeds a few properties of the reference (derandomized: exactly
-what the gate sees): Lk = 1; lengths past 8, 16, 32, 64, 128 and 256; B >= 8; H >= 16;
+examples the ``ci`` profile feeds a few properties of the reference (recorded inside the
+runner, derandomized: exactly what the gate sees): Lk = 1; lengths past 8, 16, 32, 64, 128 and 256; B >= 8; H >= 16;
 Hd >= 128; D >= 1024; additive masks with finite large negatives; key-padding masks; masks
 that differ per item; a fully masked item next to live ones; batches mixing 1e-3 and 1e3.
 """
@@ -19,11 +19,10 @@ from hypothesis import given
 from hypothesis import settings as Settings
 
 from mha.masks import full_keep
-from properties import profiles
-from properties.registry import all_properties
-from properties.runner import SWEEP_EXAMPLES
-from properties.strategies import AttnExample, attention_examples, boundary_cases, forced_size_case
-from properties.targets import load_target
+from properties import profiles, runner
+from properties.registry import Property, all_properties
+from properties.strategies import AttnExample, attention_examples
+from properties.targets import Target, load_target
 
 FEATURES: dict[str, Callable[[AttnExample], bool]] = {
     "Lk = 1": lambda ex: ex.sizes.lk == 1,
@@ -67,6 +66,24 @@ def _collect(strategy: object, settings: Settings) -> list[AttnExample]:
     return seen
 
 
+def _fed_by_runner(prop: Property, target: Target) -> list[AttnExample]:
+    """The examples ``run_property`` feeds ``prop`` at ``ci`` (random phase and boundary sweep):
+    recorded on their way into the check, so this is exactly what the gate sees."""
+    fed: list[AttnExample] = []
+    check = runner._check_example
+
+    def record(prop: Property, target: Target, dtype: torch.dtype, stats: object, ex: AttnExample) -> None:
+        fed.append(ex)
+        check(prop, target, dtype, stats, ex)  # type: ignore[arg-type]
+
+    runner._check_example = record  # type: ignore[assignment]
+    try:
+        runner.run_property(prop, target, settings=profiles.PROFILES["ci"])
+    finally:
+        runner._check_example = check
+    return fed
+
+
 def _percent(examples: list[AttnExample]) -> dict[str, float]:
     n = max(1, len(examples))
     return {name: 100.0 * sum(f(ex) for ex in examples) / n for name, f in FEATURES.items()}
@@ -83,17 +100,8 @@ def main() -> None:
     public = _collect(attention_examples(), Settings(max_examples=args.public, database=None, deadline=None))
     columns[f"public ({len(public)})"] = _percent(public)
     target = load_target(None)
-    conv = target.build(8, 2).conventions
-    ci = profiles.PROFILES["ci"]
     for name in args.properties.split(","):
-        prop = all_properties()[name]
-        drawn: list[AttnExample] = []
-        cases = boundary_cases()  # the runner's sweep: SWEEP_EXAMPLES per boundary case, then the rest
-        for case in cases:
-            with forced_size_case(case):
-                drawn += _collect(prop.strategy(conv), Settings(ci, database=None, max_examples=SWEEP_EXAMPLES))
-        rest = ci.max_examples - SWEEP_EXAMPLES * len(cases)
-        drawn += _collect(prop.strategy(conv), Settings(ci, database=None, max_examples=rest))
+        drawn = _fed_by_runner(all_properties()[name], target)
         columns[f"ci {name} ({len(drawn)})"] = _percent(drawn)
     names = list(columns)
     print("| feature | " + " | ".join(names) + " |")

@@ -177,9 +177,11 @@ def run_check(args: argparse.Namespace) -> int:
     def progress(name: str) -> None:
         print(f"  running {name} ...", file=sys.stderr, flush=True)
 
-    # the export tasks are the longest: handed out first, they do not leave one worker busy at the end
+    # longest first (the exports, then the properties that reach every size), so that no worker
+    # is left alone with a long check at the end
+    full = {p.name for p in props if p.reach == "full"}
     results = run_tasks(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
-                        first=lambda t: t[1] == "export")
+                        rank=lambda t: 0 if t[1] == "export" else 1 if t[0] in full else 2)
     if stored is not None:
         results += baseline.compare(results, stored, args.budget)
     print(report_text.table(results))

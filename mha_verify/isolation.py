@@ -207,17 +207,18 @@ class Isolated:
 
 def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
               progress: Callable[[str], None] | None = None, jobs: int = 1,
-              first: Callable[[tuple[str, str, Task]], bool] | None = None) -> list[CheckResult]:
+              rank: Callable[[tuple[str, str, Task]], int] | None = None) -> list[CheckResult]:
     """Run (name, stage, task): in ``jobs`` worker processes, or in this one when ``limits`` is None.
 
-    Tasks for which ``first`` is true are handed out before the others (the longest ones, so
-    that no worker is left with a long task at the end); results keep the order of ``tasks``.
+    Tasks are handed out in order of ``rank`` (lowest first, ties in the given order): give the
+    longest the lowest, so that no worker is left with a long task at the end. Results keep
+    the order of ``tasks``.
     """
     from mha_verify import gate
 
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got jobs={jobs!r}")
-    order = sorted(range(len(tasks)), key=lambda i: not first(tasks[i])) if first else list(range(len(tasks)))
+    order = sorted(range(len(tasks)), key=lambda i: rank(tasks[i])) if rank else list(range(len(tasks)))
     if limits is None:
         results: list[CheckResult] = []
         for name, stage, task in tasks:

@@ -242,7 +242,10 @@ def _draw_sizes(draw: st.DrawFn, cases: tuple[tuple[str, object], ...], min_batc
     return Sizes(batch, lq, lk, n_head * head_dim, n_head)
 
 
-_LK_MODES = ("same", "other", "same", "other", "same", "other", "other", "same", "other", "one")
+# Lk = 1 ("one") is one choice in ten, away from both ends: Hypothesis draws the first and last
+# elements of a sampled_from more often than the rest (at the end it gave Lk = 1 in 13-18 % of
+# the ci examples); the first, "same", is where a counterexample shrinks to.
+_LK_MODES = ("same", "other", "same", "other", "one", "same", "other", "other", "same", "other")
 
 
 def mask_specs(

@@ -42,3 +42,39 @@ def test_default_timeout_is_about_a_minute_and_scales_with_examples(kwargs: dict
 
 def test_an_explicit_timeout_wins() -> None:
     assert Limits(timeout=8).timeout_for(("property_check", {"profile": "thorough"})) == 8.0
+
+
+def _property_task(name: str, target: str | None) -> tuple[str, str, tuple[str, dict[str, object]]]:
+    return (name, "properties", ("property_check", dict(
+        spec=target, adapter=None, name=name, profile="ci", max_examples=3, database=None, seed=None,
+        replay=None)))
+
+
+@pytest.mark.slow
+def test_two_workers_keep_the_order_of_the_tasks_and_a_crash_stays_in_its_task() -> None:
+    from mha_verify.isolation import run_tasks
+
+    tasks = [
+        _property_task("determinism", None),
+        _property_task("oracle_agreement", "tests/fixtures/bad_targets.py:Segfaults"),
+        _property_task("lk_equals_lv", None),
+        _property_task("rows_sum_to_one", None),
+    ]
+    started: list[str] = []
+    # the last task ranks first: handed out first, reported last
+    results = run_tasks(tasks, limits=Limits(timeout=120), jobs=2, progress=started.append,
+                        rank=lambda t: 0 if t[0] == "rows_sum_to_one" else 1)
+    assert started[0] == "properties/rows_sum_to_one"
+    assert [r.name for r in results] == ["determinism", "oracle_agreement", "lk_equals_lv", "rows_sum_to_one"]
+    verdicts = {r.name: r.verdict for r in results}
+    assert verdicts == {"determinism": "pass", "oracle_agreement": "fail", "lk_equals_lv": "pass",
+                        "rows_sum_to_one": "pass"}, results
+    assert "killed by SIGSEGV" in (results[1].reason or "")
+
+
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
+def test_jobs_must_be_a_positive_integer(jobs: object) -> None:
+    from mha_verify.isolation import run_tasks
+
+    with pytest.raises(ValueError, match="jobs must be a positive integer"):
+        run_tasks([], limits=None, jobs=jobs)  # type: ignore[arg-type]
