@@ -254,14 +254,20 @@ def mask_specs(
     forms: tuple[str, ...] = MASK_FORMS,
     conventions: tuple[str, ...] = MASK_CONVENTIONS,
 ) -> st.SearchStrategy[MaskSpec]:
-    """Descriptions of masks; turn one into a tensor with :func:`build_mask`."""
+    """Descriptions of masks; turn one into a tensor with :func:`build_mask`.
+
+    Per-head masks ("BHLL", the general form, the only one where heads see different keys)
+    are drawn twice as often as each other form: bugs in a layer's head axis of the mask show
+    nowhere else (the ci examples of oracle_agreement held 3 % of them at equal odds).
+    """
     for name, chosen, allowed in (("kinds", kinds, MASK_KINDS), ("forms", forms, MASK_FORMS),
                                   ("conventions", conventions, MASK_CONVENTIONS)):
         bad = [c for c in chosen if c not in allowed]
         if not chosen or bad:
             raise ValueError(f"{name} must be a non-empty subset of {allowed}, got {name}={chosen!r}")
+    weighted = tuple(f for form in forms for f in ((form, form) if form == "BHLL" else (form,)))
     return st.builds(
-        MaskSpec, st.sampled_from(kinds), st.sampled_from(forms), st.sampled_from(conventions),
+        MaskSpec, st.sampled_from(kinds), st.sampled_from(weighted), st.sampled_from(conventions),
         st.integers(0, 2**16),
     )
 
