@@ -136,6 +136,18 @@ def multi_head(
     ``fully_masked`` as in :func:`attention`.
     Returns (output (B, Lq, D), weights (B, H, Lq, Lk)), both in ``dtype``.
     """
+    concat, weights = concat_heads(q, k, v, params, n_head, mask, dtype=dtype, causal=causal,
+                                   fully_masked=fully_masked)
+    return output_projection(concat, params.to(dtype)), weights
+
+
+def concat_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    fully_masked: str = "zeros",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`multi_head` before its output projection: (heads concatenated (B, Lq, D), weights
+    (B, H, Lq, Lk)) in ``dtype``; ``output_projection`` of the first is ``multi_head``'s output."""
     p = params.to(dtype)
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
     d = q.shape[-1]
@@ -151,8 +163,7 @@ def multi_head(
     # (B, H, Lq, Hd), (B, H, Lq, Lk)
     heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked)
     # (B, H, Lq, Hd) -> (B, Lq, H, Hd) -> (B, Lq, D)
-    concat = heads.transpose(-3, -2).reshape(*q.shape[:-1], d)
-    return _output(concat, p), weights
+    return heads.transpose(-3, -2).reshape(*q.shape[:-1], d), weights
 
 
 def same_precision(
@@ -199,8 +210,8 @@ def kv_heads(params: MHAParams, n_head: int) -> int:
     return rows // hd
 
 
-def _output(concat: torch.Tensor, p: MHAParams) -> torch.Tensor:
-    """The output projection, or the concatenated heads for a layer without one."""
+def output_projection(concat: torch.Tensor, p: MHAParams) -> torch.Tensor:
+    """(B, Lq, D) -> (B, Lq, D): the output projection, or the concatenated heads for a layer without one."""
     if p.w_o is None:
         return concat if p.b_o is None else concat + p.b_o
     return _linear(concat, p.w_o, p.b_o)
@@ -266,4 +277,4 @@ def per_head(
     heads = [one_head(q, k, v, params, n_head, i, mask, dtype=dtype, causal=causal, fully_masked=fully_masked)
              for i in range(n_head)]  # (B, Lq, Hd) each
     concat = torch.cat(heads, dim=-1)  # (B, Lq, D)
-    return _output(concat, params.to(dtype))
+    return output_projection(concat, params.to(dtype))

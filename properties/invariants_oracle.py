@@ -8,7 +8,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha.reference import MHAParams, multi_head, one_head, same_precision
+from mha.reference import MHAParams, concat_heads, one_head, output_projection, same_precision
 from mha.tolerance import compare, tolerance_for
 from properties.adapters import Conventions, NotApplicable
 from properties.applicable import comparable_rows, examples_for
@@ -76,6 +76,9 @@ def head_split(bound: Bound, ex: AttnExample) -> Measure:
     whole = tolerance_for(ex.q.dtype).allowed(full.ref_error, full.scale)
     measures = []
     isolated = bound.rebuild()  # one copy; its w_o is restricted to one head at a time
+    # every head then the restricted W_o, as the target computes it: the heads do not depend on W_o
+    concat_same, _ = concat_heads(ex.q, ex.k, ex.v, isolated.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
+                                  causal=conv.causal, fully_masked=conv.fully_masked)
     w_o = isolated.params().w_o
     original = None if w_o is None else w_o.detach().clone()
     for i in _heads_to_check(bound.n_head, ex.seed):
@@ -96,8 +99,7 @@ def head_split(bound: Bound, ex: AttnExample) -> Measure:
         expected = _project(head, p, cols)
         # calibrated by the larger same-precision error of the two ways a layer computes this:
         # head i alone, or every head then the restricted W_o (as the target does)
-        packed_same, _ = multi_head(ex.q, ex.k, ex.v, p, bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                    causal=conv.causal, fully_masked=conv.fully_masked)
+        packed_same = output_projection(concat_same, p.to(ex.q.dtype))
         expected_same = max((_project(same, p, cols), packed_same),
                             key=lambda t: float((t.double() - expected).abs().max()))
         out = isolated(ex.q, ex.k, ex.v, ex.mask)
