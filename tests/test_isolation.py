@@ -78,3 +78,11 @@ def test_jobs_must_be_a_positive_integer(jobs: object) -> None:
 
     with pytest.raises(ValueError, match="jobs must be a positive integer"):
         run_tasks([], limits=None, jobs=jobs)  # type: ignore[arg-type]
+
+
+def test_an_export_task_gets_three_times_the_timeout_of_a_property() -> None:
+    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR
+
+    assert EXPORT_TIMEOUT_FACTOR == 3.0
+    assert Limits().timeout_for(("export_checks", {"profile": "ci"})) == pytest.approx(3 * MIN_TIMEOUT)
+    assert Limits(timeout=8).timeout_for(("export_checks", {"profile": "ci"})) == 8.0
