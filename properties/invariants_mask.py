@@ -199,8 +199,10 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
 
 
 def _both_conventions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if not conv.mask:
+        return "the target takes no mask"
     if conv.mask != frozenset({"bool", "float"}):
-        return (f"the target takes only {'/'.join(sorted(conv.mask)) or 'no'} masks: "
+        return (f"the target takes only {'/'.join(sorted(conv.mask))} masks: "
                 "the adapter would convert, so this would test the adapter")
     return examples_for(conv, kinds=_MASKED_KINDS, need_mask=True)
 

@@ -38,6 +38,18 @@ class _Stats:
     failing_example: AttnExample | None = None
     failing_ratio: float | str | None = None
     ratios: list[float | str] = field(default_factory=list)  # error / allowed, per checked example
+    first_failure_at: float | None = None  # perf_counter() of the first failing example
+
+
+#: seconds Hypothesis may spend shrinking after the first failure; then the smallest failing
+#: example found so far is the counterexample. Shrinking a failure found at 257 positions or
+#: d_model 1024 took minutes, and a check killed at its timeout reports a "hang" instead of
+#: what failed.
+SHRINK_BUDGET = 20.0
+
+
+class _ShrinkBudgetSpent(Exception):  # noqa: N818 -- a signal to Hypothesis, never reported
+    """Raised instead of running the check once the shrink budget is spent."""
 
 
 def _ratio(m: Measure) -> float:
@@ -82,6 +94,8 @@ def effective_dtype(prop: Property, conv: Conventions, dtype: torch.dtype | None
 
 def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats: _Stats, ex: AttnExample) -> None:
     """One example: build the target at its sizes, run the property, record the measure in ``stats``."""
+    if stats.first_failure_at is not None and time.perf_counter() - stats.first_failure_at > SHRINK_BUDGET:
+        raise _ShrinkBudgetSpent  # ends shrinking: the last failure recorded is the counterexample
     s = ex.sizes
     bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)
     try:
@@ -93,6 +107,8 @@ def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats
         return
     except Exception as exc:
         stats.failure, stats.failing_example = _summary(exc), ex
+        if stats.first_failure_at is None:
+            stats.first_failure_at = time.perf_counter()
         if isinstance(exc, Violation):
             failing = Measure(exc.error, exc.allowed)
             stats.worst = max(stats.worst, failing, key=_ratio)
