@@ -83,17 +83,53 @@ def test_x_transformers_returns_weights_1_over_lk_on_a_fully_masked_row_while_it
     assert torch.allclose(weights[:, :, 1], torch.full_like(weights[:, :, 1], 1 / 4))
 
 
-def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
+def _torch_mha_with_random_biases() -> torch.nn.MultiheadAttention:
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    with torch.no_grad():  # torch initializes biases to 0, where b_o and 0 look alike
+        mha.in_proj_bias.normal_()
+        mha.out_proj.bias.normal_()
+    return mha
+
+
+def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
+    mha = _torch_mha_with_random_biases()
     x = _x()
     padding = torch.zeros(2, 4, dtype=torch.bool)
     padding[1] = True  # item 1: every key padded
-    slow = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
-    with torch.inference_mode():
+    slow = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0].detach()
+    with torch.inference_mode():  # q is k is v, batch_first, no grad: the fast path
         fast = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
-    assert torch.allclose(fast[0], slow[0].detach(), atol=1e-6)
-    assert bool(torch.isnan(fast[1]).all())
+    assert torch.allclose(fast[0], slow[0], atol=1e-6)
+    assert torch.allclose(slow[1], mha.out_proj.bias.detach().expand(4, 8))  # eager path: b_o
+    assert bool(torch.isnan(fast[1]).all())  # fast path: NaN
+
+
+def test_torch_mha_fast_path_gives_nan_on_a_fully_masked_row_of_attn_mask() -> None:
+    mha = _torch_mha_with_random_biases()
+    x = _x()
+    masked_out = torch.zeros(4, 4, dtype=torch.bool)  # torch's attn_mask: True = not allowed
+    masked_out[1] = True  # query row 1 sees no key
+    slow = mha(x, x, x, attn_mask=masked_out, need_weights=False)[0].detach()
+    with torch.inference_mode():
+        fast = mha(x, x, x, attn_mask=masked_out, need_weights=False)[0]
+    assert torch.allclose(slow[:, 1], mha.out_proj.bias.detach().expand(2, 8))
+    assert bool(torch.isnan(fast[:, 1]).all())
+    assert torch.allclose(fast[:, 0], slow[:, 0], atol=1e-6)
+
+
+def test_torch_mha_gives_nan_with_weights_where_it_gives_b_o_without() -> None:
+    """The WARN of fully_masked_rows on torch MHA: its two eager paths disagree on a fully masked row."""
+    mha = _torch_mha_with_random_biases()
+    x = _x()
+    masked_out = torch.zeros(4, 4, dtype=torch.bool)
+    masked_out[1] = True
+    # autograd on (under no_grad the fast path would run): the eager kernels
+    without = mha(x, x, x, attn_mask=masked_out, need_weights=False)[0].detach()
+    with_weights, weights = (t.detach() for t in mha(x, x, x, attn_mask=masked_out, need_weights=True))
+    assert torch.allclose(without[:, 1], mha.out_proj.bias.detach().expand(2, 8))
+    assert bool(torch.isnan(with_weights[:, 1]).all())
+    assert bool(torch.isnan(weights[:, 1]).all())
 
 
 def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None:
