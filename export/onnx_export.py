@@ -173,8 +173,12 @@ def _trace(bound: Bound, exporter: str, opset: int, dtype: torch.dtype, device: 
         wrapper = SelfAttentionWrapper(bound, with_mask=takes_mask).eval()
         x, mask = args[0], args[3] if len(args) > 3 else None
         args = (x, mask[..., :, :x.shape[1]]) if takes_mask and mask is not None else (x,)
+    # TorchScript traces with autograd on, as a plain torch.onnx.export does: under no_grad
+    # torch.nn.MultiheadAttention (q is k is v, batch_first) takes its fast path, whose
+    # aten::_native_multi_head_attention has no TorchScript symbolic (UnsupportedOperatorError)
+    grad = torch.no_grad() if exporter == "dynamo" else torch.enable_grad()
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), grad:
             warnings.simplefilter("ignore")
             proto = (_dynamo if exporter == "dynamo" else _torchscript)(wrapper, args, opset)
     except Exception as exc:
