@@ -4,6 +4,7 @@ library alone (no harness code), so that each is a fact about the library, not a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -141,3 +142,40 @@ def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None
     weights = inter.post_softmax_attn  # float64 tensor holding float32 values: gradcheck in float64 fails
     assert weights.dtype == torch.float64
     assert torch.equal(weights, weights.float().double())
+
+
+def test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_sizes_only() -> None:
+    """TorchScript traces torch MHA's packed self-attention projection (q is k is v) with the
+    example's sizes fixed in a Reshape: onnxruntime runs the model at (B, L) = (2, 3) and fails
+    at (3, 5). The same layer called with distinct k and v exports with dynamic sizes."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed")
+    import io
+    import warnings
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+    def session(self_attention: bool) -> Any:
+        class Call(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.mha = mha
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, L, D) -> (B, L, D)
+                k, v = (x, x) if self_attention else (x + 0, x + 0)
+                return self.mha(x, k, v, need_weights=False)[0]
+
+        buf = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Call(), (torch.randn(2, 3, 16),), buf, dynamo=False, opset_version=20,
+                              input_names=["x"], output_names=["out"],
+                              dynamic_axes={"x": {0: "b", 1: "l"}, "out": {0: "b", 1: "l"}})
+        return ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+
+    x_example, x_other = torch.randn(2, 3, 16).numpy(), torch.randn(3, 5, 16).numpy()
+    self_session, cross_session = session(True), session(False)
+    assert self_session.run(None, {"x": x_example})[0].shape == (2, 3, 16)
+    with pytest.raises(Exception, match="Reshape"):
+        self_session.run(None, {"x": x_other})
+    assert cross_session.run(None, {"x": x_other})[0].shape == (3, 5, 16)

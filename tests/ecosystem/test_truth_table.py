@@ -54,6 +54,15 @@ TRUTH: dict[str, tuple[str | None, dict[str, str]]] = {
     "torch_mha_self_attention": (None, {"inference_mode_agreement": FAST_PATH}),
 }
 
+# layer -> {exporter: (what every failing onnxruntime check of its model says, the true finding)}:
+# a model that exports but cannot run as exported
+EXPORT_FINDINGS: dict[str, dict[str, tuple[str, str]]] = {
+    "torch_mha_self_attention": {"torchscript": (
+        "Reshape", "TorchScript fixes the example's (B, L) in a Reshape of torch MHA's packed self-attention "
+                   "projection: onnxruntime fails at other sizes "
+                   "(test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_sizes_only)")},
+}
+
 
 def _installed(lib: str | None) -> bool:
     if lib is None:
@@ -85,8 +94,14 @@ def _gate(layer: str, tmp: Path) -> tuple[int, list[dict[str, Any]], str]:
     return _REPORTS[layer]
 
 
-def _explained(name: str, findings: dict[str, str]) -> bool:
-    return "*" in findings or name.rsplit("/", 1)[-1] in findings
+def _explained(layer: str, result: dict[str, Any]) -> bool:
+    """Whether a failed result is a documented true finding of ``layer``."""
+    findings = TRUTH[layer][1]
+    if "*" in findings or result["name"].rsplit("/", 1)[-1] in findings:
+        return True
+    exporter = result["name"].split("-", 1)[0] if result["stage"] == "export" else None
+    signature = EXPORT_FINDINGS.get(layer, {}).get(exporter or "")
+    return signature is not None and signature[0] in (result.get("reason") or "")
 
 
 @pytest.mark.slow
@@ -96,7 +111,7 @@ def test_every_failure_is_a_true_finding(layer: str, tmp_path_factory: pytest.Te
     findings = TRUTH[layer][1]
     failed = {r["name"]: r.get("reason") for r in results if r["verdict"] == "fail"}
     assert [r for r in results if r["stage"] == "properties" and r["verdict"] == "pass"], "nothing was verified"
-    unexplained = {n: why for n, why in failed.items() if not _explained(n, findings)}
+    unexplained = {r["name"]: r.get("reason") for r in results if r["verdict"] == "fail" and not _explained(layer, r)}
     assert not unexplained, f"false alarms on {layer}: {unexplained}"
     for check in findings:  # each documented finding is found (at 10 examples, eager or onnxruntime)
         assert any(check == "*" or n.rsplit("/", 1)[-1] == check for n in failed), f"{layer}: {check} not found"
@@ -109,6 +124,7 @@ def test_exports_with_each_exporter_and_validates_in_onnxruntime(
         layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     _, results, _ = _gate(layer, tmp_path_factory.getbasetemp())
     findings = TRUTH[layer][1]
+    broken = EXPORT_FINDINGS.get(layer, {})
     exported = {r["name"].split("-", 1)[0]: r for r in results if r["stage"] == "export"
                 and r["name"].endswith("/export")}
     assert sorted(exported) == sorted(EXPORTERS), f"{layer}: export configurations {sorted(exported)}"
@@ -117,21 +133,25 @@ def test_exports_with_each_exporter_and_validates_in_onnxruntime(
         config = r["name"].rsplit("/", 1)[0]
         checks = {x["name"][len(config) + 1:]: x for x in results if x["name"].startswith(config + "/")}
         assert checks["interface"]["verdict"] == "pass", checks["interface"].get("reason")
+        bad = {n: x.get("reason") for n, x in checks.items() if x["verdict"] == "fail" and not _explained(layer, x)}
+        assert not bad, f"{layer} {config}: onnxruntime validation fails {bad}"
+        if exporter in broken:  # the documented failure, on every check that runs the model
+            ran = [x for n, x in checks.items() if n not in ("export", "interface") and x["verdict"] != "n/a"]
+            assert ran and all(x["verdict"] == "fail" for x in ran), f"{layer} {config}: {broken[exporter][1]}"
+            continue
         # the model runs in onnxruntime and agrees with the eager layer, at both optimization levels
         for opt in ("opt-all", "opt-none"):
             agree = checks[f"cpu/{opt}/ort_vs_eager"]
-            assert agree["verdict"] == "pass" or _explained(agree["name"], findings), \
+            assert agree["verdict"] == "pass" or _explained(layer, agree), \
                 f"{layer} {config} {opt}: {agree.get('reason')}"
         assert sum(x["verdict"] == "pass" for x in checks.values()) >= 10 or "*" in findings, \
             f"{layer} {config}: too little verified in onnxruntime"
-        bad = {n: x.get("reason") for n, x in checks.items() if x["verdict"] == "fail"
-               and not _explained(x["name"], findings)}
-        assert not bad, f"{layer} {config}: onnxruntime validation fails {bad}"
 
 
 def test_user_lines_are_the_factory_bodies() -> None:
     """The "lines of user code" column of docs/ecosystem.md: each factory's body, counted."""
     for name, count in layers.USER_LINES.items():
-        source = inspect.getsource(getattr(layers, name)).strip().splitlines()
-        assert len(source) - 1 == count, f"{name}: {len(source) - 1} lines, USER_LINES says {count}"
+        lines = inspect.getsource(getattr(layers, name)).strip().splitlines()[1:]  # the body, without the def
+        code = [line for line in lines if not line.strip().startswith("#")]  # comment lines are not code
+        assert len(code) == count, f"{name}: {len(code)} lines, USER_LINES says {count}"
     assert set(TRUTH) <= set(layers.USER_LINES)
