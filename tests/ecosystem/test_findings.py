@@ -146,8 +146,9 @@ def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None
 
 def test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_sizes_only() -> None:
     """TorchScript traces torch MHA's packed self-attention projection (q is k is v) with the
-    example's sizes fixed in a Reshape: onnxruntime runs the model at (B, L) = (2, 3) and fails
-    at (3, 5). The same layer called with distinct k and v exports with dynamic sizes."""
+    example's length fixed in the Reshape of k (``k.view(k.shape[0], ...)``): onnxruntime runs the
+    model at (B, L) = (2, 3) and fails at (3, 5). The same layer called with distinct k and v
+    exports with dynamic sizes."""
     ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed")
     import io
     import warnings

@@ -58,8 +58,8 @@ TRUTH: dict[str, tuple[str | None, dict[str, str]]] = {
 # a model that exports but cannot run as exported
 EXPORT_FINDINGS: dict[str, dict[str, tuple[str, str]]] = {
     "torch_mha_self_attention": {"torchscript": (
-        "Reshape", "TorchScript fixes the example's (B, L) in a Reshape of torch MHA's packed self-attention "
-                   "projection: onnxruntime fails at other sizes "
+        "Reshape", "TorchScript fixes the example's length in the Reshape of k after torch MHA's packed "
+                   "self-attention projection: onnxruntime fails at other lengths "
                    "(test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_sizes_only)")},
 }
 
