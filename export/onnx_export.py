@@ -28,7 +28,7 @@ from export.atomic import atomic_path
 from export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
 from export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
 from export.opsets import ATTENTION_OP_OPSET, check_opset
-from export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs
+from export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs, mask_heads
 from properties.adapters import Adapter, find_adapter
 from properties.targets import Bound
 
@@ -164,6 +164,8 @@ def _trace(bound: Bound, exporter: str, opset: int, dtype: torch.dtype, device: 
     bound.module.to(device)
     wrapper: nn.Module = (ExportWrapper(bound) if mask_input else MaskFreeWrapper(bound)).eval()
     args: tuple[torch.Tensor, ...] = example_inputs(bound.d_model, bound.n_head, dtype=dtype, device=device)
+    if mask_heads(bound) == 1:  # no per-head mask: the example mask (B, H, Lq, Lk) -> (B, 1, Lq, Lk)
+        args = (*args[:3], args[3][:, :1])
     if not mask_input:
         args = args[:3]
     if not bound.conventions.cross_attention:  # one input x (B, L, D), and a (B, H, L, L) mask if it takes one
@@ -171,8 +173,12 @@ def _trace(bound: Bound, exporter: str, opset: int, dtype: torch.dtype, device: 
         wrapper = SelfAttentionWrapper(bound, with_mask=takes_mask).eval()
         x, mask = args[0], args[3] if len(args) > 3 else None
         args = (x, mask[..., :, :x.shape[1]]) if takes_mask and mask is not None else (x,)
+    # TorchScript traces with autograd on, as a plain torch.onnx.export does: under no_grad
+    # torch.nn.MultiheadAttention (q is k is v, batch_first) takes its fast path, whose
+    # aten::_native_multi_head_attention has no TorchScript symbolic (UnsupportedOperatorError)
+    grad = torch.no_grad() if exporter == "dynamo" else torch.enable_grad()
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with warnings.catch_warnings(), grad:
             warnings.simplefilter("ignore")
             proto = (_dynamo if exporter == "dynamo" else _torchscript)(wrapper, args, opset)
     except Exception as exc:
@@ -278,8 +284,11 @@ def export_onnx(
         has_mask = any(i.name == "mask" for i in proto.graph.input)
         if has_mask and graph != GRAPH_LABEL:
             self_attention = any(i.name == "x" for i in proto.graph.input)
-            resource_mask_dims(proto, bound.n_head, sources=SELF_SOURCES if self_attention else None)
+            heads = mask_heads(bound)  # H, or 1 for a target that takes no per-head mask
+            resource_mask_dims(proto, heads, sources=SELF_SOURCES if self_attention else None)
             relax_mask_input(proto)
+            if heads == 1:  # the head axis stays 1: onnxruntime validation then feeds shared masks only
+                next(i for i in proto.graph.input if i.name == "mask").type.tensor_type.shape.dim[1].dim_value = 1
         proto = refresh_shapes(proto)
         from mha_verify import __version__
 

@@ -27,6 +27,16 @@ from mha import MultiHeadAttention
 from properties.targets import Bound
 
 
+def mask_heads(bound: Bound) -> int:
+    """The head axis of the exported mask: H, or 1 for a target that takes no per-head mask.
+
+    A target whose conventions lack the ``BHLL`` mask form (its mask is (B, Lq, Lk) or a key
+    padding mask) cannot take a mask that differs across heads; its graph's mask input is
+    (B|1, 1, Lq|1, Lk|1), and onnxruntime validation feeds it only masks shared by all heads.
+    """
+    return bound.n_head if "BHLL" in bound.conventions.mask_forms else 1
+
+
 class ExportWrapper(nn.Module):
     """``forward(q, k, v, mask)`` in our convention, delegating to the bound target's adapter.
 
@@ -41,13 +51,13 @@ class ExportWrapper(nn.Module):
         super().__init__()
         self.target = bound.module
         self._adapter = bound.adapter
-        self.n_head = bound.n_head
+        self.mask_heads = mask_heads(bound)
         self.expand_mask = not isinstance(bound.module, MultiHeadAttention)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.expand_mask:
             # (B|1, H|1, Lq|1, Lk|1) -> (B, H, Lq, Lk)
-            full = torch.ones(q.shape[0], self.n_head, q.shape[1], k.shape[1], dtype=torch.bool, device=q.device)
+            full = torch.ones(q.shape[0], self.mask_heads, q.shape[1], k.shape[1], dtype=torch.bool, device=q.device)
         else:
             # (B|1, H|1, Lq|1, Lk|1) -> (B|1, H|1, Lq, Lk): onnxruntime's Attention kernel (opset 23+)
             # wants the mask's Lq and Lk axes in full, though the ONNX spec lets them broadcast
@@ -100,19 +110,20 @@ class SelfAttentionWrapper(nn.Module):
 
     x (B, L, D) is query, key and value at once (the very same tensor, so the adapter's
     self-attention call holds when traced); ``mask`` (when the target takes one) is a bool
-    keep-mask broadcasting to (B, H, L, L), expanded in full as for any foreign target.
+    keep-mask broadcasting to (B, H, L, L), expanded in full as for any foreign target
+    (to (B, 1, L, L) for a target whose mask has no head axis: :func:`mask_heads`).
     """
 
     def __init__(self, bound: Bound, with_mask: bool) -> None:
         super().__init__()
         self.target = bound.module
         self._adapter = bound.adapter
-        self.n_head = bound.n_head
+        self.mask_heads = mask_heads(bound)
         self.with_mask = with_mask
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         if self.with_mask and mask is not None:
-            # (B|1, H|1, L|1, L|1) -> (B, H, L, L)
-            mask = mask & torch.ones(x.shape[0], self.n_head, x.shape[1], x.shape[1], dtype=torch.bool,
+            # (B|1, H|1, L|1, L|1) -> (B, H, L, L), or (B, 1, L, L) without a head axis
+            mask = mask & torch.ones(x.shape[0], self.mask_heads, x.shape[1], x.shape[1], dtype=torch.bool,
                                      device=x.device)
         return self._adapter.call(self.target, x, x, x, mask if self.with_mask else None)

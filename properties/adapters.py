@@ -356,11 +356,12 @@ class TorchMHAAdapter(Adapter):
         return isinstance(module, nn.MultiheadAttention)
 
     def conventions(self, module: nn.Module) -> Conventions:
-        return Conventions(
+        found = Conventions(
             weights=True, fully_masked="nan",
             notes=("adapter torch_mha", "attn_mask is inverted (True = not allowed) and flattened to (B*H, Lq, Lk); "
                    "a key-padding mask (B, 1, 1, Lk) goes through key_padding_mask (B, Lk), inverted",),
         )
+        return declared_conventions(module, found)  # e.g. self_attention: called as m(x, x, x)
 
     def params(self, module: nn.Module) -> MHAParams:
         assert isinstance(module, nn.MultiheadAttention)

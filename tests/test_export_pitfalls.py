@@ -84,3 +84,29 @@ def test_pitfall_b_equal_example_sizes_merge_lq_and_lk_and_are_caught(tmp_path: 
     results = validate_model(path, eager=as_bound(module, d_model=16, n_head=4), settings=CI, opt_levels=("opt-all",),
                              checks=("oracle_agreement",))
     assert results[0].failed and results[1].failed and results[1].counterexample is not None
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_a_layer_with_one_mask_for_all_heads_exports_and_validates(tmp_path: Path, exporter: str) -> None:
+    """Broadcasting its mask to H heads made the adapter test whether the heads agree
+    (torch.equal, untraceable by dynamo) or refuse the per-head example mask (TorchScript):
+    the graph's mask input keeps a head axis of 1, and validation feeds it shared masks."""
+    bound = load_target("tests/fixtures/odd_layers.py:SharedHeadMask").build(16, 4, seed=0)
+    path = tmp_path / "m.onnx"
+    export_onnx(bound, path, exporter=exporter)
+    mask = next(i for i in onnx.load(path).graph.input if i.name == "mask")
+    assert [d.dim_value or d.dim_param for d in mask.type.tensor_type.shape.dim][:2] == ["mask_batch", 1]
+    results = validate_model(path, eager=bound, settings=settings(CI, max_examples=10))
+    assert not [str(r) for r in results if r.failed]
+    assert any(r.name.endswith("/ort_vs_eager") and r.verdict == "pass" for r in results)
+
+
+def test_torch_mha_self_attention_exports_with_torchscript_even_under_no_grad(tmp_path: Path) -> None:
+    """Traced under no_grad, torch MHA called as m(x, x, x) takes its fast path, which the
+    TorchScript exporter cannot export (aten::_native_multi_head_attention); a plain
+    torch.onnx.export with autograd on exports it, and so must we."""
+    mha = nn.MultiheadAttention(16, 4, batch_first=True)
+    mha.mha_verify_conventions = {"self_attention": True}  # type: ignore[assignment]
+    with torch.no_grad():
+        export_onnx(mha, tmp_path / "m.onnx", exporter="torchscript")
+    assert [i.name for i in onnx.load(tmp_path / "m.onnx").graph.input] == ["x", "mask"]

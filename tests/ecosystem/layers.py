@@ -106,9 +106,23 @@ def torch_mha_seq_first(d: int, h: int) -> nn.Module:
     return nn.MultiheadAttention(d, h)
 
 
+def torch_mha_self_attention(d: int, h: int) -> nn.Module:
+    m = nn.MultiheadAttention(d, h, batch_first=True)
+    m.mha_verify_conventions = {"self_attention": True}  # called as m(x, x, x): its fast path's condition
+    return m
+
+
+def timm_attention_unfused_nan(d: int, h: int) -> nn.Module:
+    m = timm_layers().Attention(d, num_heads=h, qkv_bias=True)
+    m.fused_attn = False
+    m.mha_verify_conventions = {"fully_masked": "nan"}  # what its explicit softmax gives, declared
+    return m
+
+
 USER_LINES = {  # lines of user code per example: the factory's body; 0 = the spec names the class itself
     "timm_attention": 1, "timm_attention_unfused": 3, "bert_self_attention": 3, "bert_self_attention_eager": 3,
     "gpt2_attention": 3, "gpt2_attention_eager": 3, "llama_gqa_attention": 6, "x_transformers_attention": 2,
     "torchtune_attention": 4,
-    "torch_mha_batch_first": 1, "torch_mha_seq_first": 1,
+    "torch_mha_batch_first": 1, "torch_mha_seq_first": 1, "torch_mha_self_attention": 3,
+    "timm_attention_unfused_nan": 4,
 }

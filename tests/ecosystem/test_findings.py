@@ -4,6 +4,7 @@ library alone (no harness code), so that each is a fact about the library, not a
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -83,17 +84,53 @@ def test_x_transformers_returns_weights_1_over_lk_on_a_fully_masked_row_while_it
     assert torch.allclose(weights[:, :, 1], torch.full_like(weights[:, :, 1], 1 / 4))
 
 
-def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
+def _torch_mha_with_random_biases() -> torch.nn.MultiheadAttention:
     torch.manual_seed(0)
     mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    with torch.no_grad():  # torch initializes biases to 0, where b_o and 0 look alike
+        mha.in_proj_bias.normal_()
+        mha.out_proj.bias.normal_()
+    return mha
+
+
+def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
+    mha = _torch_mha_with_random_biases()
     x = _x()
     padding = torch.zeros(2, 4, dtype=torch.bool)
     padding[1] = True  # item 1: every key padded
-    slow = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
-    with torch.inference_mode():
+    slow = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0].detach()
+    with torch.inference_mode():  # q is k is v, batch_first, no grad: the fast path
         fast = mha(x, x, x, key_padding_mask=padding, need_weights=False)[0]
-    assert torch.allclose(fast[0], slow[0].detach(), atol=1e-6)
-    assert bool(torch.isnan(fast[1]).all())
+    assert torch.allclose(fast[0], slow[0], atol=1e-6)
+    assert torch.allclose(slow[1], mha.out_proj.bias.detach().expand(4, 8))  # eager path: b_o
+    assert bool(torch.isnan(fast[1]).all())  # fast path: NaN
+
+
+def test_torch_mha_fast_path_gives_nan_on_a_fully_masked_row_of_attn_mask() -> None:
+    mha = _torch_mha_with_random_biases()
+    x = _x()
+    masked_out = torch.zeros(4, 4, dtype=torch.bool)  # torch's attn_mask: True = not allowed
+    masked_out[1] = True  # query row 1 sees no key
+    slow = mha(x, x, x, attn_mask=masked_out, need_weights=False)[0].detach()
+    with torch.inference_mode():
+        fast = mha(x, x, x, attn_mask=masked_out, need_weights=False)[0]
+    assert torch.allclose(slow[:, 1], mha.out_proj.bias.detach().expand(2, 8))
+    assert bool(torch.isnan(fast[:, 1]).all())
+    assert torch.allclose(fast[:, 0], slow[:, 0], atol=1e-6)
+
+
+def test_torch_mha_gives_nan_with_weights_where_it_gives_b_o_without() -> None:
+    """The WARN of fully_masked_rows on torch MHA: its two eager paths disagree on a fully masked row."""
+    mha = _torch_mha_with_random_biases()
+    x = _x()
+    masked_out = torch.zeros(4, 4, dtype=torch.bool)
+    masked_out[1] = True
+    # autograd on (under no_grad the fast path would run): the eager kernels
+    without = mha(x, x, x, attn_mask=masked_out, need_weights=False)[0].detach()
+    with_weights, weights = (t.detach() for t in mha(x, x, x, attn_mask=masked_out, need_weights=True))
+    assert torch.allclose(without[:, 1], mha.out_proj.bias.detach().expand(2, 8))
+    assert bool(torch.isnan(with_weights[:, 1]).all())
+    assert bool(torch.isnan(weights[:, 1]).all())
 
 
 def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None:
@@ -105,3 +142,41 @@ def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None
     weights = inter.post_softmax_attn  # float64 tensor holding float32 values: gradcheck in float64 fails
     assert weights.dtype == torch.float64
     assert torch.equal(weights, weights.float().double())
+
+
+def test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_sizes_only() -> None:
+    """TorchScript traces torch MHA's packed self-attention projection (q is k is v) with the
+    example's length fixed in the Reshape of k (``k.view(k.shape[0], ...)``): onnxruntime runs the
+    model at (B, L) = (2, 3) and fails at (3, 5). The same layer called with distinct k and v
+    exports with dynamic sizes."""
+    ort = pytest.importorskip("onnxruntime", reason="onnxruntime not installed")
+    import io
+    import warnings
+
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+    def session(self_attention: bool) -> Any:
+        class Call(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.mha = mha
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:  # x (B, L, D) -> (B, L, D)
+                k, v = (x, x) if self_attention else (x + 0, x + 0)
+                return self.mha(x, k, v, need_weights=False)[0]
+
+        buf = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Call(), (torch.randn(2, 3, 16),), buf, dynamo=False, opset_version=20,
+                              input_names=["x"], output_names=["out"],
+                              dynamic_axes={"x": {0: "b", 1: "l"}, "out": {0: "b", 1: "l"}})
+        return ort.InferenceSession(buf.getvalue(), providers=["CPUExecutionProvider"])
+
+    x_example, x_other = torch.randn(2, 3, 16).numpy(), torch.randn(3, 5, 16).numpy()
+    self_session, cross_session = session(True), session(False)
+    assert self_session.run(None, {"x": x_example})[0].shape == (2, 3, 16)
+    with pytest.raises(Exception, match="Reshape"):
+        self_session.run(None, {"x": x_other})
+    assert cross_session.run(None, {"x": x_other})[0].shape == (3, 5, 16)
