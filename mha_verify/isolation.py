@@ -224,7 +224,6 @@ def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
 
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got jobs={jobs!r}")
-    order = sorted(range(len(tasks)), key=lambda i: rank(tasks[i])) if rank else list(range(len(tasks)))
     if limits is None:
         results: list[CheckResult] = []
         for name, stage, task in tasks:
@@ -236,7 +235,7 @@ def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
     if jobs > 1 and limits.torch_threads is None:
         limits = Limits(limits.timeout, limits.memory_gb, torch_threads=max(1, default_jobs() // jobs))
     pending: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for i in order:
+    for i in sorted(range(len(tasks)), key=lambda i: rank(tasks[i])) if rank else range(len(tasks)):
         pending.put(i)
     done: dict[int, list[CheckResult]] = {}
     lock = threading.Lock()

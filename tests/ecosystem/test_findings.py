@@ -43,12 +43,18 @@ def test_timm_unfused_path_gives_nan_on_a_fully_masked_row_where_the_fused_path_
     assert torch.allclose(a[:, 0], b[:, 0], atol=1e-6)  # the rows with keys agree
 
 
-def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
+def _hf_sdpa_and_eager(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The transformers layer ``name`` with its SDPA and its eager attention, sharing weights."""
     pytest.importorskip("transformers", reason="transformers not installed (tox -e ecosystem)")
     torch.manual_seed(0)
-    sdpa = layers.bert_self_attention(8, 2).eval()
-    eager = layers.bert_self_attention_eager(8, 2).eval()
+    sdpa = getattr(layers, name)(8, 2).eval()
+    eager = getattr(layers, f"{name}_eager")(8, 2).eval()
     eager.load_state_dict(sdpa.state_dict())
+    return sdpa, eager
+
+
+def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
+    sdpa, eager = _hf_sdpa_and_eager("bert_self_attention")
     x = _x()
     additive = torch.zeros(2, 1, 4, 4).masked_fill(~_fully_masked_row_keep(), -math.inf)
     with torch.no_grad():
@@ -58,11 +64,7 @@ def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
 
 
 def test_gpt2_sdpa_is_causal_without_a_mask_its_eager_path_is_not() -> None:
-    pytest.importorskip("transformers", reason="transformers not installed (tox -e ecosystem)")
-    torch.manual_seed(0)
-    sdpa = layers.gpt2_attention(8, 2).eval()
-    eager = layers.gpt2_attention_eager(8, 2).eval()
-    eager.load_state_dict(sdpa.state_dict())
+    sdpa, eager = _hf_sdpa_and_eager("gpt2_attention")
     x = _x()
     causal = torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 1, 4, 4)
     additive = torch.zeros(2, 1, 4, 4).masked_fill(~causal, torch.finfo(torch.float32).min)
