@@ -3,6 +3,9 @@ for that check first, and for no other (public Hypothesis API: an ExampleDatabas
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
+from mha_verify.gate import make_settings, seed_for
 from properties import profiles
 from properties.keyed_database import PrefixedDatabase, keyed
 from properties.registry import all_properties
@@ -42,20 +46,43 @@ def test_keyed_settings() -> None:
         PrefixedDatabase(object(), b"x")  # type: ignore[arg-type]
 
 
-@pytest.mark.slow
-def test_a_stored_failure_replays_for_its_own_property_and_target_only(tmp_path: Path) -> None:
+def test_profiles_do_not_take_hypothesis_own_ci_profile() -> None:
+    """Hypothesis loads its "ci" profile (derandomize, no database) wherever $CI is set; a
+    profile of ours that left a setting out took it from there, and `quick` ran derandomized."""
+    code = ("from properties import profiles as p; "
+            "print([(n, s.derandomize, s.database, s.print_blob) for n, s in p.PROFILES.items()])")
+    seen = {ci: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               env={**os.environ, "CI": ci}).stdout for ci in ("true", "")}
+    assert seen["true"] == seen[""], seen
+    assert seen[""].strip() == str([("quick", False, None, False), ("ci", True, None, True),
+                                    ("thorough", False, None, True)])
+
+
+def _stored_failure_replays(generate: Settings, seed: int | None) -> None:
     props = all_properties()
     seed_000, reference = load_target(SEED_000), load_target()
-    generate = Settings(profiles.PROFILES["quick"], max_examples=20,
-                        database=DirectoryBasedExampleDatabase(str(tmp_path / "db")))
-    first = run_property(props["fully_masked_rows"], seed_000, settings=generate)
+    first = run_property(props["fully_masked_rows"], seed_000, settings=generate, seed=seed)
     assert first.verdict == "fail" and first.counterexample
 
     replay_only = Settings(generate, phases=[Phase.reuse])  # examples from the database, nothing new
-    again = run_property(props["fully_masked_rows"], seed_000, settings=replay_only)
+    again = run_property(props["fully_masked_rows"], seed_000, settings=replay_only, seed=seed)
     assert again.verdict == "fail" and again.counterexample == first.counterexample
     # the same property on another target, and another property on the same target: nothing replayed
-    other_target = run_property(props["fully_masked_rows"], reference, settings=replay_only)
-    other_property = run_property(props["oracle_agreement"], seed_000, settings=replay_only)
+    other_target = run_property(props["fully_masked_rows"], reference, settings=replay_only, seed=seed)
+    other_property = run_property(props["oracle_agreement"], seed_000, settings=replay_only, seed=seed)
     for other in (other_target, other_property):  # with no stored example Hypothesis skips the test
         assert other.examples == 0 and "run no test cases" in (other.reason or ""), other
+
+
+@pytest.mark.slow
+def test_a_stored_failure_replays_for_its_own_property_and_target_only(tmp_path: Path) -> None:
+    _stored_failure_replays(Settings(profiles.PROFILES["quick"], max_examples=20,
+                                     database=DirectoryBasedExampleDatabase(str(tmp_path / "db"))), seed=None)
+
+
+@pytest.mark.slow
+def test_the_ci_profile_with_a_database_stores_and_replays(tmp_path: Path) -> None:
+    """`--database` with the ci profile draws from a fixed seed; Hypothesis's @seed drops the
+    database from the settings it finds, so the runner puts its settings on after the seed."""
+    db = str(tmp_path / "db")
+    _stored_failure_replays(make_settings("ci", max_examples=20, database=db), seed=seed_for("ci", None, db))
