@@ -100,6 +100,18 @@ def effective_dtype(prop: Property, conv: Conventions, dtype: torch.dtype | None
     return dtype
 
 
+def phase_seed(name: str, phase: str, seed: int | None) -> int:
+    """The Hypothesis seed of one phase of property ``name``: fixed, and salted with the user's
+    ``seed`` if any.
+
+    Derandomized, Hypothesis seeds from the test function's source, which is the same for every
+    property and phase: properties with the same strategy drew the same examples, and one user
+    seed for all did the same. A seed per (property, phase) is as deterministic, and every
+    property draws its own examples.
+    """
+    return zlib.crc32(f"{name}|{phase}".encode() if seed is None else f"{name}|{phase}|{seed}".encode())
+
+
 def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats: _Stats, ex: AttnExample) -> None:
     """One example: build the target at its sizes, run the property, record the measure in ``stats``."""
     if (stats.first_failure_at is not None and time.perf_counter() - stats.first_failure_at > SHRINK_BUDGET
@@ -170,13 +182,8 @@ def run_property(
 
     def run(strategy: st.SearchStrategy[AttnExample], settings: Settings, phase: str) -> BaseException | None:
         test = given(strategy)(body)
-        if seed is not None:
-            test = hypothesis_seed(seed)(test)
-        elif settings.derandomize:
-            # Derandomized, Hypothesis seeds from the test function's source: one seed for every
-            # property and phase, so properties with the same strategy drew the same examples.
-            # A fixed seed per (property, phase) is as deterministic, and every property draws its own.
-            test = hypothesis_seed(zlib.crc32(f"{prop.name}|{phase}".encode()))(test)
+        if seed is not None or settings.derandomize:
+            test = hypothesis_seed(phase_seed(prop.name, phase, seed))(test)
         # The settings go on after the seed: @seed sets database=None on the settings it finds,
         # and a seeded run with a database (`--database` with the ci profile) stored nothing.
         test = Settings(settings, suppress_health_check=[*settings.suppress_health_check,
