@@ -123,3 +123,27 @@ def test_one_bug_twin_fails_the_gate(spec: str) -> None:
     proc = _cli("--target", FIX + spec, "--max-examples", "30", "--only", "oracle_agreement,head_split")
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "FAIL" in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "bug"), [*((s, False) for s in LAYERS), *((s, True) for s in TWINS)],
+                         ids=[f"{n}{t}" for t in ("", "-twin") for n in ("nanogpt", "timm", "llama")])
+def test_library_style_layer_across_the_export_boundary(spec: str, bug: bool, tmp_path: Path) -> None:
+    """Exported (TorchScript, with one input for self-attention) and run in onnxruntime, each
+    layer's graph computes what its eager module does; a twin's graph carries its bug, and the
+    float64 oracle finds it there too."""
+    from hypothesis import settings as Settings
+
+    from export.onnx_export import export_onnx
+    from export.validation import validate_model
+
+    bound = load_target(FIX + spec).build(16, 4, seed=0)
+    export_onnx(bound, tmp_path / "m.onnx", exporter="torchscript")
+    fast = Settings(max_examples=30, derandomize=True, deadline=None, database=None)
+    results = {r.name.rsplit("/", 1)[-1]: r for r in validate_model(
+        tmp_path / "m.onnx", eager=bound, settings=fast, opt_levels=("opt-all",),
+        checks=("oracle_agreement", "ort_vs_eager"))}
+    assert results["ort_vs_eager"].verdict == "pass", results["ort_vs_eager"]
+    assert results["oracle_agreement"].verdict == ("fail" if bug else "pass"), results["oracle_agreement"]
+    if bug:
+        assert "output vs float64 oracle" in (results["oracle_agreement"].reason or "")
