@@ -3,7 +3,6 @@ for that check first, and for no other (public Hypothesis API: an ExampleDatabas
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -48,14 +47,17 @@ def test_keyed_settings() -> None:
 
 def test_profiles_do_not_take_hypothesis_own_ci_profile() -> None:
     """Hypothesis loads its "ci" profile (derandomize, no database) wherever $CI is set; a
-    profile of ours that left a setting out took it from there, and `quick` ran derandomized."""
-    code = ("from properties import profiles as p; "
+    profile of ours that left a setting out took it from there, and `quick` ran derandomized.
+    Each subprocess loads one of Hypothesis's profiles before ours are built (CI or not alike:
+    Hypothesis counts $CI as set even when it is empty)."""
+    code = ("import sys; from hypothesis import settings; settings.load_profile(sys.argv[1]); "
+            "from properties import profiles as p; "
             "print([(n, s.derandomize, s.database, s.print_blob) for n, s in p.PROFILES.items()])")
-    seen = {ci: subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                               env={**os.environ, "CI": ci}).stdout for ci in ("true", "")}
-    assert seen["true"] == seen[""], seen
-    assert seen[""].strip() == str([("quick", False, None, False), ("ci", True, None, True),
-                                    ("thorough", False, None, True)])
+    seen = {name: subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
+                                 check=True).stdout for name in ("ci", "default")}
+    assert seen["ci"] == seen["default"], seen
+    assert seen["default"].strip() == str([("quick", False, None, False), ("ci", True, None, True),
+                                           ("thorough", False, None, True)])
 
 
 def _stored_failure_replays(generate: Settings, seed: int | None) -> None:
