@@ -26,8 +26,8 @@ EXPORT_ONCE = """
 import sys, tempfile, time, warnings
 warnings.filterwarnings("ignore")
 from pathlib import Path
-from export.onnx_export import export_onnx
-from properties.targets import load_target
+from mha_verify.export.onnx_export import export_onnx
+from mha_verify.properties.targets import load_target
 bound = load_target().build(16, 4)
 start = time.perf_counter()
 export_onnx(bound, Path(tempfile.mkdtemp()) / "m.onnx", exporter=sys.argv[1])

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha import MultiHeadAttention
+from mha_verify.mha import MultiHeadAttention
 
 SIZES = [(1, 16, 512, 8), (8, 128, 512, 8), (4, 512, 512, 8), (1, 2048, 512, 8)]
 
@@ -86,7 +86,7 @@ def _session(ref: MultiHeadAttention, graph: str, mask_input: bool) -> object:
 
     import onnxruntime as ort
 
-    from export.onnx_export import as_bound, export_onnx
+    from mha_verify.export.onnx_export import as_bound, export_onnx
 
     key = (ref.d_model, ref.n_head, graph, mask_input)
     if key not in _EXPORTED:
@@ -184,7 +184,7 @@ def matmul_rate(reps: int) -> float:
 
 LONG_CONTEXT = """
 import torch
-from mha import MultiHeadAttention
+from mha_verify.mha import MultiHeadAttention
 
 def status(key):
     for line in open("/proc/self/status"):

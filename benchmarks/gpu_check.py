@@ -5,8 +5,8 @@
 For each (exporter, dtype) in {dynamo, torchscript} x {float32, float16}: export on the GPU
 (CUDA tensors while tracing), validate on CUDAExecutionProvider (and TensorRT if present)
 and CPUExecutionProvider with the property registry and the onnxruntime-vs-eager check
-(``export.validation``; each provider a target), then compare CUDA EP outputs with CPU EP outputs directly at larger
-shapes, and torch's CUDA eager module with the oracle. Prints a summary; exit 1 if anything
+(``mha_verify.export.validation``; each provider a target), then compare CUDA EP outputs with CPU EP
+outputs directly at larger shapes, and torch's CUDA eager module with the oracle. Prints a summary; exit 1 if anything
 failed, 2 if there is no GPU. Not run on the development machine (it has no GPU).
 """
 
@@ -21,15 +21,15 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from export.interface import read_interface
-from export.onnx_export import export_onnx
-from export.ort_target import OrtModule, available_providers, make_session
-from export.validation import validate_model
-from mha.reference import multi_head
-from mha.tolerance import compare
+from mha_verify.export.interface import read_interface
+from mha_verify.export.onnx_export import export_onnx
+from mha_verify.export.ort_target import OrtModule, available_providers, make_session
+from mha_verify.export.validation import validate_model
 from mha_verify.export_cmds import format_results
-from properties import profiles
-from properties.targets import load_target
+from mha_verify.mha.reference import multi_head
+from mha_verify.mha.tolerance import compare
+from mha_verify.properties import profiles
+from mha_verify.properties.targets import load_target
 
 
 def main() -> int:

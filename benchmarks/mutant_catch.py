@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from properties import profiles
-from properties.registry import all_properties
-from properties.runner import run_property
-from properties.targets import Target
+from mha_verify.properties import profiles
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.targets import Target
 from tests.mutants import CATALOG
 
 

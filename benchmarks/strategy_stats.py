@@ -18,11 +18,11 @@ import torch
 from hypothesis import given
 from hypothesis import settings as Settings
 
-from mha.masks import full_keep
-from properties import profiles, runner
-from properties.registry import Property, all_properties
-from properties.strategies import AttnExample, attention_examples
-from properties.targets import Target, load_target
+from mha_verify.mha.masks import full_keep
+from mha_verify.properties import profiles, runner
+from mha_verify.properties.registry import Property, all_properties
+from mha_verify.properties.strategies import AttnExample, attention_examples
+from mha_verify.properties.targets import Target, load_target
 
 FEATURES: dict[str, Callable[[AttnExample], bool]] = {
     "Lk = 1": lambda ex: ex.sizes.lk == 1,

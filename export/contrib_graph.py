@@ -34,7 +34,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from mha.reference import MHAParams
+from mha_verify.mha.reference import MHAParams
 
 GRAPH_LABEL = "ort-contrib"
 OPERATOR = "com.microsoft.MultiHeadAttention"

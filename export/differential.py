@@ -2,14 +2,14 @@
 module on identical inputs.
 
 Every other check of an ONNX model is a property of the registry run against an
-:class:`export.ort_target.OrtTarget`. This one needs both sides: a model whose initializers
+:class:`mha_verify.export.ort_target.OrtTarget`. This one needs both sides: a model whose initializers
 are stale, or a graph that computes a different function than the eager module, can agree
 with the float64 formula evaluated with *its own* weights yet not with the module the user
 deploys from.
 
 Tolerance. On each example the float64 oracle (the formula with the eager module's
 weights) is computed once; each side is allowed the derived tolerance of the rule in
-:mod:`mha.tolerance` (``A = 4 x |same-precision formula - oracle| + floor``), so the two may
+:mod:`mha_verify.mha.tolerance` (``A = 4 x |same-precision formula - oracle| + floor``), so the two may
 differ by ``A_ort + A_eager``. The sum of the two sides' *measured* errors against the
 oracle is not used as the allowance: by the triangle inequality ``|ort - eager|`` never
 exceeds it, so such a check could not fail. Both measured errors are reported, and a
@@ -27,14 +27,14 @@ from hypothesis import HealthCheck, given
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
 
-from mha.tolerance import tolerance_for
-from properties.adapters import NotApplicable
-from properties.applicable import comparable_rows
-from properties.measure import Violation, oracle
-from properties.registry import all_properties
-from properties.results import CheckResult
-from properties.strategies import AttnExample
-from properties.targets import Bound
+from mha_verify.mha.tolerance import tolerance_for
+from mha_verify.properties.adapters import NotApplicable
+from mha_verify.properties.applicable import comparable_rows
+from mha_verify.properties.measure import Violation, oracle
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.results import CheckResult
+from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.targets import Bound
 
 NAME = "ort_vs_eager"
 

@@ -1,6 +1,6 @@
 """Edits applied to an exported ONNX graph so that its interface is the documented one.
 
-See :mod:`export.wrapper` for the interface. Torch exports the graph with a full
+See :mod:`mha_verify.export.wrapper` for the interface. Torch exports the graph with a full
 (B, H, Lq, Lk) example mask whose dims are tied to those of q and k; these edits make the
 mask input broadcastable:
 

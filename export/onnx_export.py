@@ -1,6 +1,6 @@
 """Export an attention target to ONNX with torch's dynamo or TorchScript exporter.
 
-``export_onnx`` writes a model whose interface :mod:`export.wrapper` documents (q, k, v, a
+``export_onnx`` writes a model whose interface :mod:`mha_verify.export.wrapper` documents (q, k, v, a
 required broadcastable bool mask, or none in a mask-free graph; ``out`` first), with B, Lq
 and Lk dynamic and independent, checked by ``onnx.checker`` (full check) and strict shape
 inference, carrying metadata (d_model, n_head, the conventions, the mha-verify version), and
@@ -24,13 +24,13 @@ import onnx
 import torch
 from torch import nn
 
-from export.atomic import atomic_path
-from export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
-from export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
-from export.opsets import ATTENTION_OP_OPSET, check_opset
-from export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs, mask_heads
-from properties.adapters import Adapter, find_adapter
-from properties.targets import Bound
+from mha_verify.export.atomic import atomic_path
+from mha_verify.export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
+from mha_verify.export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
+from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset
+from mha_verify.export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs, mask_heads
+from mha_verify.properties.adapters import Adapter, find_adapter
+from mha_verify.properties.targets import Bound
 
 INPUT_NAMES = ("q", "k", "v", "mask")
 OUTPUT_NAME = "out"
@@ -244,11 +244,11 @@ def export_onnx(
 
     Args:
         target: a Bound (from ``Target.build``) or an nn.Module that an adapter recognizes;
-            either way it is exported through :class:`export.wrapper.ExportWrapper`, in our
+            either way it is exported through :class:`mha_verify.export.wrapper.ExportWrapper`, in our
             calling convention.
         exporter: "dynamo" (``torch.export`` with ``Dim``\\ s) or "torchscript" (tracing with
             ``dynamic_axes``).
-        opset: 17 .. :func:`export.opsets.newest_opset`; default the newest. At opset >= 23
+        opset: 17 .. :func:`mha_verify.export.opsets.newest_opset`; default the newest. At opset >= 23
             the dynamo exporter lowers attention to the ONNX ``Attention`` operator.
         dtype: torch.float32 or torch.float16; the model's inputs and output have this dtype.
         device: where the module and example inputs live while tracing ("cuda" for a GPU
@@ -257,7 +257,7 @@ def export_onnx(
             inputs q, k, v only, for deployments that never mask (no mask work at run time).
         graph: "torch" (default): what ``exporter`` traces from the target's code, standard
             ONNX; "ort-contrib": onnxruntime's fused ``com.microsoft.MultiHeadAttention``
-            built from the target's parameters (:mod:`export.contrib_graph`; onnxruntime only,
+            built from the target's parameters (:mod:`mha_verify.export.contrib_graph`; onnxruntime only,
             labelled in the metadata; ``exporter`` and ``opset`` are then ignored).
     Raises:
         ValueError / TypeError for bad arguments; ExportError if torch fails to export or the

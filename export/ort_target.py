@@ -5,7 +5,7 @@ runs against eager modules (one engine, one runner, one isolation path).
   (or x) and the mask are mapped to the model's input names, and the mask is converted to
   the model's type (bool keep-mask or additive float), rank and static axes.
 * :class:`OrtAdapter` presents it to the harness: parameters from the graph's initializers
-  (:func:`export.interface.projection_weights`) or from a weights file through an eager
+  (:func:`mha_verify.export.interface.projection_weights`) or from a weights file through an eager
   module, and conventions read from the model (:meth:`OrtAdapter.conventions`).
 * :class:`OrtTarget` is the target protocol (``spec``, ``probe_sizes``, ``build``): one per
   (provider, optimization level), a target *variant*; ``build`` returns the one session for
@@ -29,11 +29,11 @@ import onnxruntime as ort
 import torch
 from torch import nn
 
-from export.interface import Interface, ModelError, projection_weights, read_interface
-from mha.masks import additive_mask, keep_mask
-from mha.reference import MHAParams
-from properties.adapters import Adapter, Conventions, NotApplicable
-from properties.targets import Bound, TargetError
+from mha_verify.export.interface import Interface, ModelError, projection_weights, read_interface
+from mha_verify.mha.masks import additive_mask, keep_mask
+from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.adapters import Adapter, Conventions, NotApplicable
+from mha_verify.properties.targets import Bound, TargetError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 OPT_LEVELS = {"opt-none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -51,7 +51,7 @@ def make_session(path: str | os.PathLike[str], provider: str = "cpu", opt: str =
     """A session on ``path``; ``threads`` intra-op threads (1 suits validation's small inputs).
 
     ``log_level`` 4 (fatal only): a shape the model refuses is reported as a check's failure, not
-    logged; 2 (warnings) is what :func:`export.onnx_export.export_onnx` asserts silent.
+    logged; 2 (warnings) is what :func:`mha_verify.export.onnx_export.export_onnx` asserts silent.
     """
     if provider not in PROVIDERS or opt not in OPT_LEVELS:
         raise ValueError(f"provider must be one of {', '.join(PROVIDERS)} and opt one of {', '.join(OPT_LEVELS)}, "
@@ -215,7 +215,7 @@ def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.Pa
 
     Raises TargetError (a usage error) when it cannot be built or the weights do not fit.
     """
-    from properties.targets import load_target
+    from mha_verify.properties.targets import load_target
 
     assert info.d_model is not None and info.n_head is not None
     bound = load_target(target_spec).build(info.d_model, info.n_head, seed=weight_seed, dtype=info.dtype)

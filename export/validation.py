@@ -3,8 +3,8 @@ target variant, the differential check against the eager module, and the interfa
 
 Result names are ``<config>/interface``, ``<config>/<provider>/<opt>/<property>`` and
 ``<config>/<provider>/<opt>/ort_vs_eager``, stage ``export``. Every property runs through
-:func:`properties.runner.run_property`, the runner of eager targets; what a session cannot do
-is n/a by its conventions (:class:`export.ort_target.OrtAdapter`).
+:func:`mha_verify.properties.runner.run_property`, the runner of eager targets; what a session cannot do
+is n/a by its conventions (:class:`mha_verify.export.ort_target.OrtAdapter`).
 
 Two ways to run: :func:`validate_model` in this process (the export stage and ``mha-verify
 export`` run inside the gate's worker or validate a file they just wrote), and
@@ -24,16 +24,16 @@ import numpy as np
 import torch
 from hypothesis import settings as Settings
 
-from export.differential import NAME as DIFFERENTIAL
-from export.differential import differential_check
-from export.interface import Interface, interface_problems
-from export.ort_target import OPT_LEVELS, PROVIDERS, OrtModule, OrtTarget, load_eager, params_from_graph
-from export.repro_bundle import write_bundle
-from mha.reference import multi_head
-from properties.registry import all_properties
-from properties.results import CheckResult
-from properties.runner import run_property
-from properties.targets import Bound
+from mha_verify.export.differential import NAME as DIFFERENTIAL
+from mha_verify.export.differential import differential_check
+from mha_verify.export.interface import Interface, interface_problems
+from mha_verify.export.ort_target import OPT_LEVELS, PROVIDERS, OrtModule, OrtTarget, load_eager, params_from_graph
+from mha_verify.export.repro_bundle import write_bundle
+from mha_verify.mha.reference import multi_head
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.results import CheckResult
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.targets import Bound
 
 STAGE = "export"
 
@@ -107,7 +107,7 @@ def validate_model(
     the differential check runs); without it the parameters are read from the graph.
     Raises ModelError (export.interface) for a file that is not an attention model.
     """
-    from export.interface import read_interface
+    from mha_verify.export.interface import read_interface
 
     info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head)
     config = name or info.config
@@ -154,7 +154,7 @@ def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings:
                    target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
                    d_model: int | None, n_head: int | None, bundle_dir: str | None, config: str) -> CheckResult:
     """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
-    from export.interface import read_interface
+    from mha_verify.export.interface import read_interface
 
     info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
     eager = None

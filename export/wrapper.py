@@ -1,6 +1,6 @@
 """The module that gets exported: any target, called in our convention ``(q, k, v, mask)``.
 
-The graph's interface (what :func:`export.onnx_export.export_onnx` writes):
+The graph's interface (what :func:`mha_verify.export.onnx_export.export_onnx` writes):
 
 * ``q`` (B, Lq, D), ``k`` (B, Lk, D), ``v`` (B, Lk, D) in the model's dtype; B, Lq and Lk
   dynamic and independent of each other.
@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mha import MultiHeadAttention
-from properties.targets import Bound
+from mha_verify.mha import MultiHeadAttention
+from mha_verify.properties.targets import Bound
 
 
 def mask_heads(bound: Bound) -> int:

@@ -1,11 +1,11 @@
 """mha: the reference multi-head attention module and pure reference formulas.
 
-``MultiHeadAttention`` is the module under contract; ``mha.reference`` holds the formulas
+``MultiHeadAttention`` is the module under contract; ``mha_verify.mha.reference`` holds the formulas
 (float64 oracle, packed and per-head formulations) that the property suite holds it against.
 """
 
-from mha.module import MultiHeadAttention
-from mha.reference import MHAParams, attention, multi_head, per_head
+from mha_verify.mha.module import MultiHeadAttention
+from mha_verify.mha.reference import MHAParams, attention, multi_head, per_head
 
 
 def params_of(module: MultiHeadAttention) -> MHAParams:

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mha.contract import check_mask, check_qkv, check_sizes
-from mha.masks import rows_with_a_key
+from mha_verify.mha.contract import check_mask, check_qkv, check_sizes
+from mha_verify.mha.masks import rows_with_a_key
 
 
 class MultiHeadAttention(nn.Module):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from mha.masks import additive_mask, causal_keep
+from mha_verify.mha.masks import additive_mask, causal_keep
 
 FULLY_MASKED = ("zeros", "uniform", "nan")
 

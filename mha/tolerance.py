@@ -7,7 +7,7 @@ result, plus a floor::
 
     allowed = multiple * max|ref_same - oracle| + atol + rtol * max|oracle|
 
-``ref_same`` is :func:`mha.reference.multi_head` evaluated in the target's dtype and
+``ref_same`` is :func:`mha_verify.mha.reference.multi_head` evaluated in the target's dtype and
 ``oracle`` the same formula in float64, both with the target's own weights. The floor
 (``atol``, ``rtol``) covers examples where the plain evaluation happens to be nearly
 exact; it is a few units of roundoff of the dtype, so an error that is "small" in absolute

@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from export.atomic import atomic_path
+from mha_verify.export.atomic import atomic_path
 
 
 class AtomicWriter:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mha_verify.atomic import AtomicWriter
-from properties.results import CheckResult
+from mha_verify.properties.results import CheckResult
 
 FORMAT = "mha-verify-baseline/1"
 

@@ -49,7 +49,7 @@ def _seed(text: str) -> int:
 
 
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
-    from properties.profiles import PROFILES
+    from mha_verify.properties.profiles import PROFILES
 
     p = sub.add_parser("check", help="run every property (and the export stage) against a target",
                        description="Run the property suite, then the ONNX export stage, against a target.")
@@ -130,13 +130,13 @@ def run_check(args: argparse.Namespace) -> int:
         from mha_verify.isolation import start_server
 
         start_server()
-    from export.opsets import EXPORTERS
     from mha_verify import baseline, report_html, report_json, report_junit, report_text
     from mha_verify.atomic import AtomicWriter
+    from mha_verify.export.opsets import EXPORTERS
     from mha_verify.isolation import Limits, default_jobs, run_tasks
-    from properties import profiles
-    from properties.runner import select
-    from properties.targets import TargetError, load_target
+    from mha_verify.properties import profiles
+    from mha_verify.properties.runner import select
+    from mha_verify.properties.targets import TargetError, load_target
 
     try:
         profile = profiles.profile_name(args.profile)
@@ -204,7 +204,7 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from properties.registry import all_properties
+    from mha_verify.properties.registry import all_properties
 
     for prop in all_properties().values():
         print(f"{prop.name}\n    " + prop.doc.replace("\n", "\n    ") + "\n")

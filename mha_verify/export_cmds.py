@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from properties.results import CheckResult
+from mha_verify.properties.results import CheckResult
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
@@ -35,7 +35,7 @@ def _usage(message: str) -> int:
 
 
 def _providers(text: str) -> list[str]:
-    from export.ort_target import PROVIDERS, available_providers
+    from mha_verify.export.ort_target import PROVIDERS, available_providers
 
     wanted = [p.strip() for p in text.split(",") if p.strip()]
     have = available_providers()
@@ -51,13 +51,13 @@ def _providers(text: str) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export, validate in a temp file next to the output, then move it into place."""
-    from export.atomic import atomic_path
-    from export.interface import ModelError
-    from export.onnx_export import DTYPES, ExportError, export_onnx
-    from export.opsets import check_opset
-    from export.validation import validate_model
-    from properties import profiles
-    from properties.targets import TargetError, load_target
+    from mha_verify.export.atomic import atomic_path
+    from mha_verify.export.interface import ModelError
+    from mha_verify.export.onnx_export import DTYPES, ExportError, export_onnx
+    from mha_verify.export.opsets import check_opset
+    from mha_verify.export.validation import validate_model
+    from mha_verify.properties import profiles
+    from mha_verify.properties.targets import TargetError, load_target
 
     try:
         opset = check_opset(args.exporter, args.opset)
@@ -65,7 +65,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         dtype = DTYPES[args.dtype]
         out = Path(args.output)
         if args.graph != "torch":  # a non-standard graph is labelled in its file name too
-            from export.contrib_graph import contrib_file_name
+            from mha_verify.export.contrib_graph import contrib_file_name
 
             out = out.with_name(contrib_file_name(out.name))
         if not out.parent.is_dir():
@@ -119,12 +119,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     provider and optimization level a target), and onnxruntime against the eager target when one
     is given; each check a task of the gate's isolation path (a crash or hang is that check's failure).
     """
-    from export.interface import ModelError, parse_input_map, read_interface
-    from export.ort_target import load_eager, params_from_graph
-    from export.validation import interface_result, validation_tasks
+    from mha_verify.export.interface import ModelError, parse_input_map, read_interface
+    from mha_verify.export.ort_target import load_eager, params_from_graph
+    from mha_verify.export.validation import interface_result, validation_tasks
     from mha_verify.isolation import Limits, default_jobs, run_tasks
-    from properties import profiles
-    from properties.targets import TargetError
+    from mha_verify.properties import profiles
+    from mha_verify.properties.targets import TargetError
 
     try:
         if args.jobs is not None and args.jobs < 1:
@@ -178,7 +178,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """Register ``export`` and ``validate`` on the main parser's subparsers."""
-    from export.opsets import EXPORTERS
+    from mha_verify.export.opsets import EXPORTERS
 
     ex = subparsers.add_parser("export", help="export a target to ONNX; validated before it is written",
                                description="Export to ONNX, validate in onnxruntime, then write atomically. "

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from properties.results import CheckResult
+from mha_verify.properties.results import CheckResult
 
 Task = tuple[str, dict[str, Any]]  # (function name in mha_verify.gate, keyword arguments)
 
@@ -81,7 +81,7 @@ class Limits:
         kwargs = task[1]
         examples = kwargs.get("max_examples")
         if examples is None and kwargs.get("profile"):
-            from properties.profiles import PROFILES
+            from mha_verify.properties.profiles import PROFILES
 
             profile = PROFILES.get(kwargs["profile"])
             examples = profile.max_examples if profile is not None else None

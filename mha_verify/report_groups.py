@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterable
 
-from properties.results import CheckResult
+from mha_verify.properties.results import CheckResult
 
 ROOT = "fully_masked_rows"
 _NOT_FINITE = re.compile(r"\bnan\b|not finite|non-finite|\binf\b", re.IGNORECASE)

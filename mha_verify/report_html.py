@@ -9,8 +9,8 @@ import html
 import math
 from collections.abc import Sequence
 
+from mha_verify.properties.results import CheckResult
 from mha_verify.report_groups import as_float, group_failures, not_finite
-from properties.results import CheckResult
 
 _COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "n/a": "#757575"}
 # histogram bins: exactly 0, (0, 1e-5), [1e-5, 1e-4), ..., [1e-1, 1], then over 1, inf or NaN (a failure)

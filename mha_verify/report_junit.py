@@ -5,7 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from properties.results import CheckResult
+from mha_verify.properties.results import CheckResult
 
 
 def document(results: Sequence[CheckResult], *, target: str) -> bytes:

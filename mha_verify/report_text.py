@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from mha_verify.properties.results import CheckResult
 from mha_verify.report_groups import group_failures
-from properties.results import CheckResult
 
 _MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "n/a": "n/a"}
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mha.masks import additive_mask, keep_mask
-from mha.reference import MHAParams
+from mha_verify.mha.masks import additive_mask, keep_mask
+from mha_verify.mha.reference import MHAParams
 
 
 class NotApplicable(Exception):  # noqa: N818 -- a verdict, not an error
@@ -221,7 +221,7 @@ class Adapter:
         raise NotApplicable(f"{self.name} targets do not return attention weights")
 
     def has_dropout(self, module: nn.Module) -> bool:
-        from properties.adapters_call import has_dropout
+        from mha_verify.properties.adapters_call import has_dropout
 
         return has_dropout(module)
 
@@ -231,7 +231,7 @@ class Adapter:
         nn.Dropout modules and float attributes (``dropout``, ``attn_dropout``, ``dropout_p``,
         ``attention_dropout``, ``attn_pdrop``) that layers give to F.dropout or SDPA.
         """
-        from properties.adapters_call import set_all_dropout
+        from mha_verify.properties.adapters_call import set_all_dropout
 
         return set_all_dropout(module, p)
 
@@ -252,17 +252,17 @@ class QKVAdapter(Adapter):
         return all(isinstance(getattr(module, n, None), nn.Linear) for n in self.names)
 
     def _self_attention(self, module: nn.Module) -> bool:
-        from properties.adapters_call import read_signature  # by parameter names, not positional counts
+        from mha_verify.properties.adapters_call import read_signature  # by parameter names, not positional counts
 
         return read_signature(module).self_attention
 
     def _has_mask(self, module: nn.Module) -> bool:
-        from properties.adapters_call import read_signature
+        from mha_verify.properties.adapters_call import read_signature
 
         return read_signature(module).mask is not None
 
     def conventions(self, module: nn.Module) -> Conventions:
-        from properties.adapters_call import read_signature
+        from mha_verify.properties.adapters_call import read_signature
 
         found = Conventions(
             mask=self.native_mask if self._has_mask(module) else frozenset(),
@@ -292,7 +292,7 @@ class QKVAdapter(Adapter):
               mask: torch.Tensor | None) -> tuple[list[Any], dict[str, Any]]:
         if mask is not None and not self.conventions(module).mask:
             raise NotApplicable("the target's forward takes no mask")
-        from properties.adapters_call import is_same_input, read_signature
+        from mha_verify.properties.adapters_call import is_same_input, read_signature
 
         m = self._mask_for(module, mask, q.dtype)
         sig = read_signature(module)
@@ -416,8 +416,8 @@ ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
 
 def _all_adapters() -> dict[str, Adapter]:
     """The built-in adapters, in matching order: the exact ones first, then those that recognize
-    library layers by structure (``properties.adapters_structure``)."""
-    from properties.adapters_structure import STRUCTURAL
+    library layers by structure (``mha_verify.properties.adapters_structure``)."""
+    from mha_verify.properties.adapters_structure import STRUCTURAL
 
     for adapter in STRUCTURAL:
         ADAPTERS.setdefault(adapter.name, adapter)
@@ -436,7 +436,7 @@ def load_adapter(spec: str) -> Adapter:
 
 
 def _load_adapter(spec: str) -> Adapter:
-    from properties.targets import TargetError, _load_attr
+    from mha_verify.properties.targets import TargetError, _load_attr
 
     try:
         obj = _load_attr(spec)

@@ -35,9 +35,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from mha.reference import MHAParams
-from properties.adapters import Adapter, Conventions, NotApplicable, declared_conventions
-from properties.adapters_call import (
+from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.adapters import Adapter, Conventions, NotApplicable, declared_conventions
+from mha_verify.properties.adapters_call import (
     MaskFormat,
     detect_causal,
     first_output,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from mha.masks import causal_keep, full_keep
-from properties.adapters import Conventions
-from properties.strategies import (
+from mha_verify.mha.masks import causal_keep, full_keep
+from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.strategies import (
     MASK_FORMS,
     MASK_KINDS,
     AttnExample,

@@ -7,12 +7,12 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from properties.adapters import Conventions, NotApplicable
-from properties.applicable import examples_for, fully_masked
-from properties.measure import Measure, Violation, close, relation_allowed
-from properties.registry import invariant
-from properties.strategies import AttnExample, make_example
-from properties.targets import Bound
+from mha_verify.properties.adapters import Conventions, NotApplicable
+from mha_verify.properties.applicable import examples_for, fully_masked
+from mha_verify.properties.measure import Measure, Violation, close, relation_allowed
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import AttnExample, make_example
+from mha_verify.properties.targets import Bound
 
 
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from mha.masks import additive_mask, causal_keep
-from properties.adapters import Conventions
-from properties.applicable import comparable_rows, examples_for
-from properties.measure import Measure, close, relation_allowed
-from properties.registry import invariant
-from properties.strategies import AttnExample
-from properties.targets import Bound
+from mha_verify.mha.masks import additive_mask, causal_keep
+from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.applicable import comparable_rows, examples_for
+from mha_verify.properties.measure import Measure, close, relation_allowed
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.targets import Bound
 
 
 def _causal(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

@@ -7,14 +7,14 @@ import dataclasses
 import torch
 from hypothesis import strategies as st
 
-from mha.masks import additive_mask
-from mha.tolerance import compare
-from properties.adapters import Conventions
-from properties.applicable import examples_for, fully_masked, keep_of
-from properties.measure import UNCHECKED, Measure, Violation, close, ensure, oracle, relation_allowed, worst
-from properties.registry import StrategyFn, invariant
-from properties.strategies import AttnExample, build_keep
-from properties.targets import Bound
+from mha_verify.mha.masks import additive_mask
+from mha_verify.mha.tolerance import compare
+from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.applicable import examples_for, fully_masked, keep_of
+from mha_verify.properties.measure import UNCHECKED, Measure, Violation, close, ensure, oracle, relation_allowed, worst
+from mha_verify.properties.registry import StrategyFn, invariant
+from mha_verify.properties.strategies import AttnExample, build_keep
+from mha_verify.properties.targets import Bound
 
 _MASKED_KINDS = ("random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
 

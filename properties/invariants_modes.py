@@ -16,12 +16,12 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from properties.adapters import Conventions
-from properties.applicable import examples_for
-from properties.measure import Measure, Violation, relation_allowed
-from properties.registry import invariant
-from properties.strategies import MASK_KINDS, AttnExample
-from properties.targets import Bound
+from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.applicable import examples_for
+from mha_verify.properties.measure import Measure, Violation, relation_allowed
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import MASK_KINDS, AttnExample
+from mha_verify.properties.targets import Bound
 
 
 def _with_fully_masked_rows(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

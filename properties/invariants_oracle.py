@@ -8,14 +8,14 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha.reference import MHAParams, concat_heads, one_head, output_projection, same_precision
-from mha.tolerance import compare, tolerance_for
-from properties.adapters import Conventions, NotApplicable
-from properties.applicable import comparable_rows, examples_for
-from properties.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
-from properties.registry import invariant
-from properties.strategies import AttnExample, sizes
-from properties.targets import Bound
+from mha_verify.mha.reference import MHAParams, concat_heads, one_head, output_projection, same_precision
+from mha_verify.mha.tolerance import compare, tolerance_for
+from mha_verify.properties.adapters import Conventions, NotApplicable
+from mha_verify.properties.applicable import comparable_rows, examples_for
+from mha_verify.properties.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import AttnExample, sizes
+from mha_verify.properties.targets import Bound
 
 
 @invariant("oracle_agreement", reach="full")

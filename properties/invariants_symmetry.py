@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from properties.adapters import Conventions
-from properties.applicable import examples_for
-from properties.measure import Measure, close, relation_allowed, worst
-from properties.registry import invariant
-from properties.strategies import AttnExample
-from properties.targets import Bound
+from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.applicable import examples_for
+from mha_verify.properties.measure import Measure, close, relation_allowed, worst
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.targets import Bound
 
 
 def _perm(n: int, seed: int) -> torch.Tensor:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mha.reference import multi_head, same_precision
-from mha.tolerance import Comparison, compare, tolerance_for
-from properties.strategies import AttnExample
-from properties.targets import Bound
+from mha_verify.mha.reference import multi_head, same_precision
+from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
+from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.targets import Bound
 
 
 @dataclass(frozen=True)

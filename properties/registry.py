@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from properties.adapters import Conventions
-from properties.applicable import examples_for
-from properties.measure import CheckFn
-from properties.strategies import AttnExample
+from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.applicable import examples_for
+from mha_verify.properties.measure import CheckFn
+from mha_verify.properties.strategies import AttnExample
 
 StrategyFn = Callable[[Conventions], "st.SearchStrategy[AttnExample] | str"]
 
@@ -84,7 +84,7 @@ def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype 
 
 def all_properties() -> dict[str, Property]:
     """Every property, in registration order (imports the invariant modules)."""
-    from properties import (  # noqa: F401
+    from mha_verify.properties import (  # noqa: F401
         invariants_behaviour,
         invariants_causal,
         invariants_mask,

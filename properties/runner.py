@@ -17,13 +17,13 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from properties.adapters import Conventions, NotApplicable
-from properties.keyed_database import keyed
-from properties.measure import Measure, Violation
-from properties.registry import Property, all_properties
-from properties.results import CheckResult
-from properties.strategies import AttnExample, boundary_cases, forced_size_case, modest_size_cases
-from properties.targets import Target, TargetError
+from mha_verify.properties.adapters import Conventions, NotApplicable
+from mha_verify.properties.keyed_database import keyed
+from mha_verify.properties.measure import Measure, Violation
+from mha_verify.properties.registry import Property, all_properties
+from mha_verify.properties.results import CheckResult
+from mha_verify.properties.strategies import AttnExample, boundary_cases, forced_size_case, modest_size_cases
+from mha_verify.properties.targets import Target, TargetError
 
 
 @dataclass
@@ -276,7 +276,7 @@ def heatmap(target: Target, prop: Property, ex: AttnExample, dtype: torch.dtype)
     except Exception:  # the target fails on this very example: show what it should have computed
         got = None
     if got is None:
-        from mha.reference import multi_head
+        from mha_verify.mha.reference import multi_head
 
         conv = bound.conventions
         got = multi_head(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, causal=conv.causal,

@@ -2,7 +2,7 @@
 
 Public API, for the property suite and for users' own tests::
 
-    from properties.strategies import attention_examples
+    from mha_verify.properties.strategies import attention_examples
     @given(attention_examples())
     def test_my_layer(ex): ...   # ex.q (B, Lq, D), ex.k (B, Lk, D), ex.v (B, Lk, D), ex.mask
 
@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-from mha.masks import additive_mask, causal_keep, kept_fraction
+from mha_verify.mha.masks import additive_mask, causal_keep, kept_fraction
 
 # Mask structures; the first shrinks best.
 MASK_KINDS = ("none", "all_keep", "random", "padding", "causal", "fully_masked_rows", "fully_masked_item")

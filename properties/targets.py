@@ -3,7 +3,7 @@
 SPEC is ``package.module:Attr`` or ``path/to/file.py:Attr``. Attr is an nn.Module class,
 built as ``Attr(d_model, n_head)`` (or ``Attr(config)`` when its first argument is named
 ``config``: see :func:`config_for`), or a factory ``(d_model, n_head) -> nn.Module``.
-The default SPEC is the reference, ``mha:MultiHeadAttention``.
+The default SPEC is the reference, ``mha_verify.mha:MultiHeadAttention``.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from mha.reference import MHAParams
-from properties.adapters import Adapter, Conventions, NotApplicable, find_adapter
+from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.adapters import Adapter, Conventions, NotApplicable, find_adapter
 
-DEFAULT_SPEC = "mha:MultiHeadAttention"
+DEFAULT_SPEC = "mha_verify.mha:MultiHeadAttention"
 
 
 class TargetError(Exception):

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from properties import profiles
+from mha_verify.properties import profiles
 
 profiles.load()
 
@@ -17,7 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 def seeded_mha(d_model: int, n_head: int, dropout: float = 0.0, seed: int = 0, **kw: object) -> torch.nn.Module:
     """The reference module with weights drawn from ``seed``, in eval mode."""
-    from mha import MultiHeadAttention
+    from mha_verify.mha import MultiHeadAttention
 
     torch.manual_seed(seed)
     return MultiHeadAttention(d_model, n_head, dropout, **kw).eval()  # type: ignore[arg-type]

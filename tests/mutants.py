@@ -13,8 +13,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mha import MultiHeadAttention
-from mha.masks import keep_mask
+from mha_verify.mha import MultiHeadAttention
+from mha_verify.mha.masks import keep_mask
 
 
 def _bool_keep(mask: torch.Tensor | None) -> torch.Tensor | None:

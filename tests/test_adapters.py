@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from properties import profiles
-from properties.adapters import find_adapter
-from properties.registry import all_properties
-from properties.runner import run_property
-from properties.targets import Target, TargetError, load_target
+from mha_verify.properties import profiles
+from mha_verify.properties.adapters import find_adapter
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.targets import Target, TargetError, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = "tests/fixtures/"
@@ -37,7 +37,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     pytest.param(FIX + "odd_layers.py:KeywordMask", "separate_qkv", False, frozenset({"bool", "float"}), False,
                  id="keyword-mask"),
     pytest.param("torch.nn:MultiheadAttention", "torch_mha", False, frozenset({"bool", "float"}), True, id="torch"),
-    pytest.param("mha:MultiHeadAttention", "w_qkvo", False, frozenset({"bool", "float"}), True, id="reference"),
+    pytest.param("mha_verify.mha:MultiHeadAttention", "w_qkvo", False, frozenset({"bool", "float"}), True,
+                 id="reference"),
 ])
 def test_recognized_by_structure_and_names(spec: str, adapter: str, causal: bool, mask: frozenset[str],
                                            cross: bool) -> None:
@@ -77,7 +78,7 @@ def test_float_dropout_attribute_is_controlled() -> None:
 @pytest.mark.parametrize(("spec", "verdict"), [
     pytest.param(FIX + "odd_layers.py:LeakyCausal", "fail", id="leaky"),
     pytest.param(FIX + "nanogpt_attn.py:CausalSelfAttention", "pass", id="nanogpt"),
-    pytest.param("mha:MultiHeadAttention", "pass", id="reference-under-causal-mask"),
+    pytest.param("mha_verify.mha:MultiHeadAttention", "pass", id="reference-under-causal-mask"),
 ])
 def test_no_future_leak(spec: str, verdict: str) -> None:
     result = run_property(all_properties()["no_future_leak"], load_target(spec), settings=profiles.PROFILES["quick"],
@@ -134,8 +135,8 @@ def test_library_style_layer_across_the_export_boundary(spec: str, bug: bool, tm
     float64 oracle finds it there too."""
     from hypothesis import settings as Settings
 
-    from export.onnx_export import export_onnx
-    from export.validation import validate_model
+    from mha_verify.export.onnx_export import export_onnx
+    from mha_verify.export.validation import validate_model
 
     bound = load_target(FIX + spec).build(16, 4, seed=0)
     export_onnx(bound, tmp_path / "m.onnx", exporter="torchscript")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mha import MultiHeadAttention
+from mha_verify.mha import MultiHeadAttention
 from tests.conftest import seeded_mha
 
 D, H = 8, 2

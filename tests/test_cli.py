@@ -23,7 +23,7 @@ USAGE_ERRORS = {
     "unknown-profile": (["--profile", "nope"], "invalid choice: 'nope'"),
     "unknown-subcommand-option": (["check", "--frobnicate"], "unrecognized arguments"),
     "target-not-importable": (["--target", "no_such_pkg.mod:X"], "cannot import 'no_such_pkg.mod'"),
-    "target-missing-attr": (["--target", "mha:Nope"], "has no attribute 'Nope'"),
+    "target-missing-attr": (["--target", "mha_verify.mha:Nope"], "has no attribute 'Nope'"),
     "target-file-missing": (["--target", "nowhere/x.py:A"], "does not exist"),
     "target-no-colon": (["--target", "mha"], "package.module:Attr"),
     "target-not-module": (["--target", "tests/fixtures/bad_targets.py:not_a_module"], "not a torch.nn.Module"),
@@ -122,7 +122,7 @@ def test_crash_or_hang_in_the_target_fails_that_check_only(target: str, timeout:
 
 def test_list_names_every_property() -> None:
     from mha_verify.cli import main
-    from properties.registry import all_properties
+    from mha_verify.properties.registry import all_properties
 
     assert main(["list"]) == 0
     assert len(all_properties()) >= 17

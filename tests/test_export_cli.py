@@ -10,7 +10,7 @@ from mha_verify.cli import main
 
 FROZEN = '''
 from torch import nn
-from mha import MultiHeadAttention
+from mha_verify.mha import MultiHeadAttention
 
 
 class Frozen(MultiHeadAttention):
@@ -37,7 +37,7 @@ def test_export_writes_a_validated_model(model: Path, capsys: pytest.CaptureFixt
 def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(model), "--profile", "ci", "--no-isolation"]) == 0
     assert "0 failed" in capsys.readouterr().out
-    other_weights = ["--target", "mha:MultiHeadAttention", "--weight-seed", "3"]  # not the model's weights
+    other_weights = ["--target", "mha_verify.mha:MultiHeadAttention", "--weight-seed", "3"]  # not the model's weights
     assert main(["validate", str(model), "--profile", "quick", "--no-isolation", *other_weights]) == 1
     for argv, message in [
         (["validate", str(tmp_path / "missing.onnx")], "does not exist"),

@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
-from export.interface import interface_problems, read_interface
-from export.onnx_export import export_onnx
-from export.opsets import newest_opset
-from export.validation import validate_model
-from export.wrapper import ExportWrapper
-from properties.targets import load_target
+from mha_verify.export.interface import interface_problems, read_interface
+from mha_verify.export.onnx_export import export_onnx
+from mha_verify.export.opsets import newest_opset
+from mha_verify.export.validation import validate_model
+from mha_verify.export.wrapper import ExportWrapper
+from mha_verify.properties.targets import load_target
 
 pytestmark = pytest.mark.slow
 CI = settings(max_examples=40, derandomize=True, deadline=None, database=None)
@@ -69,7 +69,7 @@ class _ShapeBranch(nn.Module):
 
 
 def test_pitfall_b_equal_example_sizes_merge_lq_and_lk_and_are_caught(tmp_path: Path) -> None:
-    from export.onnx_export import as_bound
+    from mha_verify.export.onnx_export import as_bound
 
     module = _ShapeBranch().eval()
     q, k, v, mask = torch.randn(2, 4, 16), torch.randn(2, 4, 16), torch.randn(2, 4, 16), torch.ones(2, 4, 4, 4) > 0

@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from mha import MultiHeadAttention
+from mha_verify.mha import MultiHeadAttention
 
 
 @pytest.mark.parametrize("dynamo", [pytest.param(False, id="torchscript"),

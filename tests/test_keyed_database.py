@@ -13,11 +13,11 @@ from hypothesis import settings as Settings
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
 from mha_verify.gate import make_settings, seed_for
-from properties import profiles
-from properties.keyed_database import PrefixedDatabase, keyed
-from properties.registry import all_properties
-from properties.runner import run_property
-from properties.targets import load_target
+from mha_verify.properties import profiles
+from mha_verify.properties.keyed_database import PrefixedDatabase, keyed
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.targets import load_target
 
 SEED_000 = f"{Path(__file__).resolve().parent / 'fixtures' / 'seed_000.py'}:MultiHeadAttention"
 

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from mha.reference import multi_head
-from properties import profiles
-from properties.adapters import find_adapter
-from properties.registry import all_properties
-from properties.runner import run_property
-from properties.targets import Target
+from mha_verify.mha.reference import multi_head
+from mha_verify.properties import profiles
+from mha_verify.properties.adapters import find_adapter
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.targets import Target
 from tests.mutants import BOUNDARY_MUTANTS, CATALOG, _Explicit
 
 SETTINGS = profiles.PROFILES[profiles.profile_name()]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from properties import profiles
-from properties.registry import all_properties
-from properties.runner import run_property
-from properties.targets import load_target
+from mha_verify.properties import profiles
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.targets import load_target
 
 PROPS = all_properties()
 SETTINGS = profiles.PROFILES[profiles.profile_name()]

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from mha_verify import report_html, report_text
+from mha_verify.properties.results import CheckResult
 from mha_verify.report_groups import group_failures, not_finite
-from properties.results import CheckResult
 
 
 def _fail(name: str, reason: str = "", error: float | str | None = None, stage: str = "properties") -> CheckResult:

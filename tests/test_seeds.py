@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from properties import profiles, runner
-from properties.registry import all_properties
-from properties.targets import load_target
+from mha_verify.properties import profiles, runner
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.targets import load_target
 
 
 def test_each_property_and_phase_has_its_own_seed() -> None:

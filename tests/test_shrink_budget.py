@@ -12,10 +12,10 @@ from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.database import InMemoryExampleDatabase
 
-from properties import profiles, runner
-from properties.registry import all_properties
-from properties.results import CheckResult
-from properties.targets import Target
+from mha_verify.properties import profiles, runner
+from mha_verify.properties.registry import all_properties
+from mha_verify.properties.results import CheckResult
+from mha_verify.properties.targets import Target
 from tests.mutants import ScaleBySqrtDModel
 
 

@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
-from export.interface import read_interface
-from export.validation import validate_model
 from mha_verify.cli import main
+from mha_verify.export.interface import read_interface
+from mha_verify.export.validation import validate_model
 
 pytestmark = pytest.mark.slow
 D, H = 16, 4
