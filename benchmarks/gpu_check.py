@@ -5,7 +5,7 @@
 For each (exporter, dtype) in {dynamo, torchscript} x {float32, float16}: export on the GPU
 (CUDA tensors while tracing), validate on CUDAExecutionProvider (and TensorRT if present)
 and CPUExecutionProvider with the property registry and the onnxruntime-vs-eager check
-(``mha_verify.export.validation``; each provider a target), then compare CUDA EP outputs with CPU EP
+(``mha_verify.validation``; each provider a target), then compare CUDA EP outputs with CPU EP
 outputs directly at larger shapes, and torch's CUDA eager module with the oracle. Prints a summary; exit 1 if anything
 failed, 2 if there is no GPU. Not run on the development machine (it has no GPU).
 """
@@ -21,15 +21,15 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from mha_verify.export.interface import read_interface
 from mha_verify.export.onnx_export import export_onnx
-from mha_verify.export.ort_target import OrtModule, available_providers, make_session
-from mha_verify.export.validation import validate_model
 from mha_verify.export_cmds import format_results
 from mha_verify.mha.reference import multi_head
 from mha_verify.mha.tolerance import compare
 from mha_verify.properties import profiles
+from mha_verify.properties.onnx_interface import read_interface
+from mha_verify.properties.ort_target import OrtInstance, available_providers, make_session
 from mha_verify.properties.targets import load_target
+from mha_verify.validation import validate_model
 
 
 def main() -> int:
@@ -61,8 +61,9 @@ def main() -> int:
                 big_path = Path(tmp) / f"big-{exporter}-{dtype}.onnx"
                 export_onnx(big, big_path, exporter=exporter, dtype=dtype)
                 info = read_interface(big_path)
-                cpu_ep = OrtModule(info, make_session(big_path, "cpu", "opt-all"))
-                cuda_ep = OrtModule(info, make_session(big_path, "cuda", "opt-all"))
+                params = big.params()
+                cpu_ep = OrtInstance(info, make_session(big_path, "cpu", "opt-all"), params)
+                cuda_ep = OrtInstance(info, make_session(big_path, "cuda", "opt-all"), params)
                 gen = torch.Generator().manual_seed(0)
                 for B, Lq, Lk in ((1, 1, 1), (4, 128, 96), (2, 512, 512)):
                     q, k, v = (torch.randn(B, L, 256, generator=gen).to(dtype) for L in (Lq, Lk, Lk))

@@ -14,8 +14,8 @@ import time
 import torch
 
 from mha_verify.properties import profiles
-from mha_verify.properties.registry import all_properties
 from mha_verify.properties.runner import run_property
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target
 from tests.mutants import CATALOG
 

@@ -20,8 +20,9 @@ from hypothesis import settings as Settings
 
 from mha_verify.mha.masks import full_keep
 from mha_verify.properties import profiles, runner
-from mha_verify.properties.registry import Property, all_properties
+from mha_verify.properties.registry import Property
 from mha_verify.properties.strategies import AttnExample, attention_examples
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target, load_target
 
 FEATURES: dict[str, Callable[[AttnExample], bool]] = {
@@ -70,17 +71,7 @@ def _fed_by_runner(prop: Property, target: Target) -> list[AttnExample]:
     """The examples ``run_property`` feeds ``prop`` at ``ci`` (random phase and boundary sweep):
     recorded on their way into the check, so this is exactly what the gate sees."""
     fed: list[AttnExample] = []
-    check = runner._check_example
-
-    def record(prop: Property, target: Target, dtype: torch.dtype, stats: object, ex: AttnExample) -> None:
-        fed.append(ex)
-        check(prop, target, dtype, stats, ex)  # type: ignore[arg-type]
-
-    runner._check_example = record  # type: ignore[assignment]
-    try:
-        runner.run_property(prop, target, settings=profiles.PROFILES["ci"])
-    finally:
-        runner._check_example = check
+    runner.run_property(prop, target, settings=profiles.PROFILES["ci"], observer=lambda ex, _: fed.append(ex))
     return fed
 
 

@@ -29,7 +29,7 @@ from mha_verify.export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
 from mha_verify.export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
 from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset
 from mha_verify.export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs, mask_heads
-from mha_verify.properties.adapters import Adapter, find_adapter
+from mha_verify.properties.adapter_registry import find_adapter
 from mha_verify.properties.targets import Bound
 
 INPUT_NAMES = ("q", "k", "v", "mask")
@@ -82,20 +82,13 @@ def as_bound(obj: Bound | nn.Module, *, d_model: int | None = None, n_head: int 
     if isinstance(obj, Bound):
         return obj
     if not isinstance(obj, nn.Module):
-        raise TypeError(f"expected a properties.targets.Bound or a torch.nn.Module, got {type(obj).__name__}")
+        raise TypeError(f"expected a mha_verify.properties.targets.Bound or a torch.nn.Module, "
+                        f"got {type(obj).__name__}")
     d = d_model if d_model is not None else getattr(obj, "d_model", getattr(obj, "embed_dim", None))
     h = n_head if n_head is not None else getattr(obj, "n_head", getattr(obj, "num_heads", None))
     if not isinstance(d, int) or not isinstance(h, int):
         raise ValueError(f"cannot tell d_model and n_head of {type(obj).__name__}: pass d_model= and n_head=")
-    return make_bound(obj.eval(), find_adapter(obj), d, h)
-
-
-def make_bound(module: nn.Module, adapter: Adapter, d_model: int, n_head: int) -> Bound:
-    """A Bound for an already-built module (with a ``rebuild`` giving a copy, where Bound has one)."""
-    extra: dict[str, object] = {}
-    if "rebuild" in {f.name for f in dataclasses.fields(Bound)}:
-        extra["rebuild"] = lambda: make_bound(copy.deepcopy(module), adapter, d_model, n_head)
-    return Bound(module, adapter, d_model, n_head, **extra)  # type: ignore[arg-type]
+    return Bound(obj.eval(), find_adapter(obj), d, h)
 
 
 def _in_dtype(bound: Bound, dtype: torch.dtype) -> Bound:
@@ -104,7 +97,7 @@ def _in_dtype(bound: Bound, dtype: torch.dtype) -> Bound:
     module = bound.module
     if first is not None and first.dtype != dtype:
         module = copy.deepcopy(module).to(dtype)
-    return dataclasses.replace(bound, module=module.eval())
+    return dataclasses.replace(bound, module=module.eval(), rebuild=None)
 
 
 def _innermost(exc: BaseException) -> BaseException:

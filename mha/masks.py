@@ -12,13 +12,53 @@ Vocabulary used everywhere in this project:
   gives it zero weights, so its output is ``w_o(0) = b_o``.
 
 Shapes: any mask broadcasts to (B, H, Lq, Lk); a key-padding mask is (B, 1, 1, Lk).
+:class:`MaskForm` names the shapes; :data:`FULLY_MASKED` the conventions a layer may follow
+on fully masked rows.
 """
 
 from __future__ import annotations
 
 import math
+from enum import Enum
 
 import torch
+
+#: what a fully masked query row gives: "zeros" (our contract: zero weights, output w_o(0) = b_o),
+#: "uniform" (weights 1/Lk over every key: layers that mask with finfo.min), "nan" (torch MHA)
+FULLY_MASKED = ("zeros", "uniform", "nan")
+
+
+class MaskForm(str, Enum):
+    """A mask shape, by the axes it carries: each of (B, H, Lq, Lk) is full or 1, and "LL" is rank 2.
+
+    The members' order is the order the strategies draw them in.
+    """
+
+    B1LL = "B1LL"  # (B, 1, Lq, Lk): per item, shared by the heads
+    ONE_ONE_LL = "11LL"  # (1, 1, Lq, Lk): one mask for the whole batch
+    LL = "LL"  # (Lq, Lk), rank 2
+    BHLL = "BHLL"  # (B, H, Lq, Lk): per item and head
+    B11L = "B11L"  # (B, 1, 1, Lk): key padding, one row of keys per item shared by every query
+
+    def __str__(self) -> str:
+        return self.value
+
+    def shape(self, B: int, H: int, Lq: int, Lk: int) -> tuple[int, ...]:
+        """The tensor shape of this form at these sizes."""
+        full = {"B": B, "H": H, "Lq": Lq, "Lk": Lk}
+        return tuple(full[a] if isinstance(a, str) else a for a in self.axes)
+
+    @property
+    def axes(self) -> tuple[str | int, ...]:
+        """Per axis, its size's name or 1: ("B", 1, "Lq", "Lk") for B1LL; ("Lq", "Lk") for LL."""
+        return _AXES[self.value]
+
+
+_AXES: dict[str, tuple[str | int, ...]] = {
+    "B1LL": ("B", 1, "Lq", "Lk"), "11LL": (1, 1, "Lq", "Lk"), "LL": ("Lq", "Lk"),
+    "BHLL": ("B", "H", "Lq", "Lk"), "B11L": ("B", 1, 1, "Lk"),
+}
+MASK_FORMS: tuple[str, ...] = tuple(f.value for f in MaskForm)
 
 
 def keep_mask(mask: torch.Tensor | None) -> torch.Tensor | None:

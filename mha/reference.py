@@ -17,9 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from mha_verify.mha.masks import additive_mask, causal_keep
-
-FULLY_MASKED = ("zeros", "uniform", "nan")
+from mha_verify.mha.masks import FULLY_MASKED, additive_mask, causal_keep
 
 
 class MHAParams(NamedTuple):

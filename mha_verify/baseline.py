@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mha_verify.atomic import AtomicWriter
+from mha_verify.export.atomic import AtomicWriter
 from mha_verify.properties.results import CheckResult
 
 FORMAT = "mha-verify-baseline/1"

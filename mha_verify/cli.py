@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from mha_verify import __version__
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 SUBCOMMANDS = ("check", "export", "validate", "list")
 
 
@@ -56,8 +56,8 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", metavar="SPEC", default=None,
                    help="package.module:Attr or path/to/file.py:Attr; an nn.Module class built as Attr(d_model, "
                         "n_head) or a factory (d_model, n_head) -> nn.Module (default: the reference)")
-    p.add_argument("--adapter", default=None, help="force an adapter instead of finding one by structure "
-                   "(w_qkvo, query_key_value, linear_qkv, torch_mha)")
+    p.add_argument("--adapter", default=None, help="force an adapter instead of finding one by structure: a "
+                   "registered name (`mha-verify list` prints them all) or pkg.mod:YourAdapter")
     p.add_argument("--profile", choices=list(PROFILES), default=None,
                    help="Hypothesis profile (default: $MHA_VERIFY_PROFILE or ci)")
     p.add_argument("--max-examples", type=_positive, default=None, help="examples per property")
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"mha-verify {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     add_check_parser(sub)
-    lp = sub.add_parser("list", help="list the properties and what each states")
+    lp = sub.add_parser("list", help="list the properties, relations and adapters, and what each states")
     lp.set_defaults(func=run_list)
     from mha_verify import export_cmds
 
@@ -131,12 +131,13 @@ def run_check(args: argparse.Namespace) -> int:
 
         start_server()
     from mha_verify import baseline, report_html, report_json, report_junit, report_text
-    from mha_verify.atomic import AtomicWriter
+    from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS
-    from mha_verify.isolation import Limits, default_jobs, run_tasks
+    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, Task, default_jobs, run_tasks
     from mha_verify.properties import profiles
-    from mha_verify.properties.runner import select
-    from mha_verify.properties.targets import TargetError, load_target
+    from mha_verify.properties.protocol import TargetError
+    from mha_verify.properties.suite import select
+    from mha_verify.properties.targets import load_target
 
     try:
         profile = profiles.profile_name(args.profile)
@@ -162,12 +163,14 @@ def run_check(args: argparse.Namespace) -> int:
     print(f"mha-verify {__version__}: checking {target.spec} with profile {profile}", file=sys.stderr)
     common = dict(spec=args.target, adapter=args.adapter, profile=profile, max_examples=args.max_examples,
                   database=args.database)
-    tasks = [(p.name, "properties", ("property_check", dict(common, name=p.name, seed=args.seed, dtype=args.dtype,
-                                                              replay=_replay_command(args, p.name))))
-             for p in props]
+    examples = args.max_examples or profiles.PROFILES[profile].max_examples
+    tasks = [Task(p.name, "properties", "property_check", dict(
+        common, name=p.name, seed=args.seed, dtype=args.dtype, replay=_replay_command(args, p.name)),
+        examples=examples) for p in props]
     if not args.no_export and names is None:  # one task per exporter, so that they can run side by side
-        tasks += [(f"export-{exporter}", "export", ("export_checks", dict(common, bundle_dir=args.bundle_dir,
-                                                                          exporters=(exporter,))))
+        tasks += [Task(f"export-{exporter}", "export", "export_checks",
+                       dict(common, bundle_dir=args.bundle_dir, exporters=(exporter,)),
+                       examples=examples, timeout_factor=EXPORT_TIMEOUT_FACTOR)
                   for exporter in EXPORTERS]
     elif not args.no_export:
         print("mha-verify: --only runs the named properties only: the ONNX export stage is skipped "
@@ -181,7 +184,7 @@ def run_check(args: argparse.Namespace) -> int:
     # is left alone with a long check at the end
     full = {p.name for p in props if p.reach == "full"}
     results = run_tasks(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
-                        rank=lambda t: 0 if t[1] == "export" else 1 if t[0] in full else 2)
+                        rank=lambda t: 0 if t.stage == "export" else 1 if t.name in full else 2)
     if stored is not None:
         results += baseline.compare(results, stored, args.budget)
     print(report_text.table(results))
@@ -204,10 +207,16 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from mha_verify.properties.registry import all_properties
+    from mha_verify.properties.adapter_registry import adapters
+    from mha_verify.properties.suite import all_properties, all_relations
 
-    for prop in all_properties().values():
-        print(f"{prop.name}\n    " + prop.doc.replace("\n", "\n    ") + "\n")
+    checks = [(p.name, p.doc) for p in all_properties().values()]
+    checks += [(r.name, r.doc) for r in all_relations().values()]
+    for name, doc in checks:
+        print(f"{name}\n    " + doc.replace("\n", "\n    ") + "\n")
+    print("adapters (--adapter NAME; found by structure in this order):")
+    for adapter in adapters():
+        print(f"    {adapter.name}: {adapter.description}")
     return EXIT_OK
 
 
@@ -224,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("mha-verify: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -13,9 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from mha_verify.properties.results import CheckResult
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class _Abort(Exception):  # noqa: N818 -- control flow, not an error
@@ -35,7 +34,7 @@ def _usage(message: str) -> int:
 
 
 def _providers(text: str) -> list[str]:
-    from mha_verify.export.ort_target import PROVIDERS, available_providers
+    from mha_verify.properties.ort_target import PROVIDERS, available_providers
 
     wanted = [p.strip() for p in text.split(",") if p.strip()]
     have = available_providers()
@@ -52,12 +51,13 @@ def _providers(text: str) -> list[str]:
 def cmd_export(args: argparse.Namespace) -> int:
     """Export, validate in a temp file next to the output, then move it into place."""
     from mha_verify.export.atomic import atomic_path
-    from mha_verify.export.interface import ModelError
     from mha_verify.export.onnx_export import DTYPES, ExportError, export_onnx
     from mha_verify.export.opsets import check_opset
-    from mha_verify.export.validation import validate_model
     from mha_verify.properties import profiles
-    from mha_verify.properties.targets import TargetError, load_target
+    from mha_verify.properties.onnx_interface import ModelError
+    from mha_verify.properties.protocol import TargetError
+    from mha_verify.properties.targets import load_target, load_weights
+    from mha_verify.validation import validate_model
 
     try:
         opset = check_opset(args.exporter, args.opset)
@@ -71,18 +71,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise ValueError(f"output directory {str(out.parent)!r} does not exist")
         target = load_target(args.target)
-        bound = target.build(args.d_model, args.n_head, seed=_weight_seed(args), dtype=dtype)
+        bound = target.build(args.d_model, args.n_head, seed=args.weight_seed, dtype=dtype)
         if args.weights is not None:
-            import torch
-
-            if not Path(args.weights).is_file():
-                raise TargetError(f"weights file {args.weights!r} does not exist")
-            try:
-                bound.module.load_state_dict(torch.load(args.weights, map_location="cpu", weights_only=True))
-            except Exception as exc:
-                raise TargetError(f"cannot load weights {args.weights!r}: {type(exc).__name__}: "
-                                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
-            bound.module.to(dtype).eval()
+            load_weights(bound, args.weights, dtype)
     except (TargetError, ModelError, ValueError, TypeError) as exc:
         return _usage(str(exc))
     try:
@@ -104,14 +95,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _weight_seed(args: argparse.Namespace) -> int:
-    """The seed of the target's initial weights, under the flag's old (--seed) or new (--weight-seed) name."""
-    return int(getattr(args, "weight_seed", getattr(args, "seed", 0)) or 0)
-
-
-def _isolated(args: argparse.Namespace) -> bool:
-    """Whether to run checks in the gate's worker process (--no-isolate / --no-isolation turn it off)."""
-    return bool(getattr(args, "isolate", True)) and not getattr(args, "no_isolation", False)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -119,12 +102,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     provider and optimization level a target), and onnxruntime against the eager target when one
     is given; each check a task of the gate's isolation path (a crash or hang is that check's failure).
     """
-    from mha_verify.export.interface import ModelError, parse_input_map, read_interface
-    from mha_verify.export.ort_target import load_eager, params_from_graph
-    from mha_verify.export.validation import interface_result, validation_tasks
     from mha_verify.isolation import Limits, default_jobs, run_tasks
     from mha_verify.properties import profiles
-    from mha_verify.properties.targets import TargetError
+    from mha_verify.properties.onnx_interface import ModelError, parse_input_map, read_interface
+    from mha_verify.properties.ort_target import params_from_graph
+    from mha_verify.properties.protocol import TargetError
+    from mha_verify.validation import interface_result, load_eager, validation_tasks
 
     try:
         if args.jobs is not None and args.jobs < 1:
@@ -137,7 +120,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise ModelError(f"cannot tell d_model and n_head of {args.model} (d_model={info.d_model}, "
                              f"n_head={info.n_head}): pass --d-model and --n-head")
         if args.weights is not None or args.target is not None:
-            load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=_weight_seed(args))
+            load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
         else:
             params_from_graph(info)
         if args.bundle_dir:
@@ -146,9 +129,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     print(info.describe())
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
-                             weights=args.weights, weight_seed=_weight_seed(args), mapping=mapping,
+                             weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
                              bundle_dir=args.bundle_dir)
-    limits = Limits(timeout=args.timeout) if _isolated(args) else None
+    limits = Limits(timeout=args.timeout) if args.isolate else None
     results = [interface_result(info, info.config), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(format_results(results))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
@@ -167,7 +150,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="package.module:Attr or path/to/file.py:Attr (default: mha:MultiHeadAttention)")
     p.add_argument("--weights", default=None, metavar="FILE",
                    help="a state_dict for the target, loaded with torch.load(weights_only=True)")
-    p.add_argument("--weight-seed", dest="seed", type=int, default=0, metavar="N",
+    p.add_argument("--weight-seed", dest="weight_seed", type=int, default=0, metavar="N",
                    help="seed of the target's initial weights, without --weights (default 0)")
     p.add_argument("--seed", action=_SeedMeansHypothesis, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--profile", choices=("quick", "ci", "thorough"), default=None,

@@ -41,8 +41,8 @@ def property_check(*, spec: str | None, adapter: str | None, name: str, profile:
     """One property against the target, in ``dtype`` ("float32", "float16" or "bfloat16")."""
     import torch
 
-    from mha_verify.properties.registry import all_properties
     from mha_verify.properties.runner import run_property
+    from mha_verify.properties.suite import all_properties
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     target = load_target(spec, adapter=adapter)
@@ -54,8 +54,8 @@ def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_ex
                   database: str | None, bundle_dir: str | None,
                   exporters: tuple[str, ...] | None = None) -> list[CheckResult]:
     """The export stage: ``exporters`` (default both), each model validated in onnxruntime."""
-    from mha_verify.export.export_stage import export_stage
     from mha_verify.export.opsets import EXPORTERS
+    from mha_verify.export_stage import export_stage
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     return export_stage(load_target(spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir,
@@ -67,7 +67,7 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
                weight_seed: int, mapping: dict[str, str], d_model: int | None, n_head: int | None,
                bundle_dir: str | None, config: str) -> list[CheckResult]:
     """One check (a property, or ort_vs_eager) of an ONNX model in one (provider, optimization level)."""
-    from mha_verify.export.validation import run_onnx_check
+    from mha_verify.validation import run_onnx_check
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     return [run_onnx_check(model=model, check=check, provider=provider, opt=opt, settings=settings,

@@ -44,14 +44,29 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 from mha_verify.properties.results import CheckResult
 
-Task = tuple[str, dict[str, Any]]  # (function name in mha_verify.gate, keyword arguments)
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of the gate's work: ``mha_verify.gate.<fn>(**kwargs)``, reported as ``name`` in ``stage``.
+
+    ``examples``: the Hypothesis examples it runs (its timeout grows with them; None: the
+    profile's count); ``timeout_factor``: a multiple of that timeout, for tasks that do more
+    than run examples (an export and the validation of its model).
+    """
+
+    name: str
+    stage: str
+    fn: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    examples: int | None = None
+    timeout_factor: float = 1.0
 
 
 PRELOAD = ["torch", "mha_verify.gate"]  # imported once by the fork server, inherited by each worker
@@ -74,19 +89,11 @@ class Limits:
     torch_threads: int | None = None  # torch's intra-op threads in the worker (None: torch's default)
 
     def timeout_for(self, task: Task) -> float:
-        """The explicit timeout, else MIN_TIMEOUT or TIMEOUT_PER_EXAMPLE x the task's examples (times
-        EXPORT_TIMEOUT_FACTOR for an export task)."""
+        """The explicit timeout, else MIN_TIMEOUT or TIMEOUT_PER_EXAMPLE x the task's examples, times
+        the task's ``timeout_factor``."""
         if self.timeout is not None:
             return float(self.timeout)
-        kwargs = task[1]
-        examples = kwargs.get("max_examples")
-        if examples is None and kwargs.get("profile"):
-            from mha_verify.properties.profiles import PROFILES
-
-            profile = PROFILES.get(kwargs["profile"])
-            examples = profile.max_examples if profile is not None else None
-        factor = EXPORT_TIMEOUT_FACTOR if task[0] == "export_checks" else 1.0
-        return factor * max(MIN_TIMEOUT, TIMEOUT_PER_EXAMPLE * (examples or 0))
+        return task.timeout_factor * max(MIN_TIMEOUT, TIMEOUT_PER_EXAMPLE * (task.examples or 0))
 
 
 def _context() -> Any:
@@ -138,9 +145,9 @@ def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None
             return
         if task is None:
             return
-        name, kwargs = task
+        fn, kwargs = task
         try:
-            results = getattr(gate, name)(**kwargs)
+            results = getattr(gate, fn)(**kwargs)
             conn.send(("ok", results))
         except BaseException as exc:  # reported by the parent as this task's failure
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -180,13 +187,13 @@ class Isolated:
             self._proc.join(5)
         self._proc, self._conn = None, None
 
-    def run(self, task: Task, *, name: str, stage: str) -> list[CheckResult]:
+    def run(self, task: Task) -> list[CheckResult]:
         if self._proc is None or not self._proc.is_alive():
             self._start()
         assert self._conn is not None
         start = time.perf_counter()
         timeout = self.limits.timeout_for(task)
-        self._conn.send(task)
+        self._conn.send((task.fn, dict(task.kwargs)))
         failure: str
         try:
             if self._conn.poll(timeout):
@@ -201,7 +208,7 @@ class Isolated:
             self._proc.join(5)
             failure = f"the worker process {_describe_exit(self._proc.exitcode)} (crash or out of memory)"
             self._kill()
-        return [CheckResult(name, stage, "fail", seconds=time.perf_counter() - start, reason=failure)]
+        return [CheckResult(task.name, task.stage, "fail", seconds=time.perf_counter() - start, reason=failure)]
 
     def close(self) -> None:
         if self._conn is not None and self._proc is not None and self._proc.is_alive():
@@ -211,10 +218,9 @@ class Isolated:
         self._kill()
 
 
-def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
-              progress: Callable[[str], None] | None = None, jobs: int = 1,
-              rank: Callable[[tuple[str, str, Task]], int] | None = None) -> list[CheckResult]:
-    """Run (name, stage, task): in ``jobs`` worker processes, or in this one when ``limits`` is None.
+def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callable[[str], None] | None = None,
+              jobs: int = 1, rank: Callable[[Task], int] | None = None) -> list[CheckResult]:
+    """Run ``tasks``: in ``jobs`` worker processes, or in this one when ``limits`` is None.
 
     Tasks are handed out in order of ``rank`` (lowest first, ties in the given order): give the
     longest the lowest, so that no worker is left with a long task at the end. Results keep
@@ -226,10 +232,10 @@ def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
         raise ValueError(f"jobs must be a positive integer, got jobs={jobs!r}")
     if limits is None:
         results: list[CheckResult] = []
-        for name, stage, task in tasks:
+        for task in tasks:
             if progress:
-                progress(f"{stage}/{name}")
-            results += getattr(gate, task[0])(**task[1])
+                progress(f"{task.stage}/{task.name}")
+            results += getattr(gate, task.fn)(**task.kwargs)
         return results
     jobs = min(jobs, len(tasks)) or 1
     if jobs > 1 and limits.torch_threads is None:
@@ -248,14 +254,14 @@ def run_tasks(tasks: Sequence[tuple[str, str, Task]], *, limits: Limits | None,
                     i = pending.get_nowait()
                 except queue.Empty:
                     return
-                name, stage, task = tasks[i]
+                task = tasks[i]
                 if progress:
                     with lock:
-                        progress(f"{stage}/{name}")
+                        progress(f"{task.stage}/{task.name}")
                 try:
-                    got = worker.run(task, name=name, stage=stage)
+                    got = worker.run(task)
                 except Exception as exc:  # e.g. a task that cannot be pickled: that task's failure
-                    got = [CheckResult(name, stage, "fail",
+                    got = [CheckResult(task.name, task.stage, "fail",
                                        reason=f"could not run the check: {type(exc).__name__}: {exc}")]
                 with lock:
                     done[i] = got

@@ -13,11 +13,8 @@ q/k/v for a self-attention-only target) raises :class:`NotApplicable`.
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,137 +22,8 @@ from torch import nn
 
 from mha_verify.mha.masks import additive_mask, keep_mask
 from mha_verify.mha.reference import MHAParams
-
-
-class NotApplicable(Exception):  # noqa: N818 -- a verdict, not an error
-    """The target cannot express this call (no mask argument, self-attention only, ...)."""
-
-
-MASK_FORM_NAMES = ("BHLL", "B1LL", "11LL", "LL", "B11L")
-FULLY_MASKED = ("zeros", "uniform", "nan")
-
-
-@dataclass(frozen=True)
-class Conventions:
-    """What a target supports and how it behaves, as its adapter found it or its author declared it.
-
-    The runner decides from these, before a property runs, whether the property applies.
-
-    mask: the mask types the target takes natively, a subset of {"bool", "float"}; empty
-        when its forward takes no mask.
-    mask_forms: the mask shapes it accepts, a subset of "BHLL" (B, H, Lq, Lk), "B1LL",
-        "11LL", "LL" (Lq, Lk) and "B11L" (key padding, (B, 1, 1, Lk)).
-    cross_attention: False for self-attention-only targets (forward(x)).
-    weights: True if the target can return attention weights (B, H, Lq, Lk).
-    fully_masked: what a fully masked query row gives: "zeros" (our contract: w_o(0) = b_o),
-        "uniform" (weights 1/Lk over all keys, as layers that mask with finfo.min compute)
-        or "nan" (e.g. torch.nn.MultiheadAttention); declared, never inferred from outputs.
-    causal: the target applies a causal mask itself (query i sees keys j <= i).
-    grads: gradients can be taken through it (False for an onnxruntime session).
-    dropout: it has a dropout probability the harness can set (False: none, or not settable).
-    sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
-    dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
-    kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
-    torch_modes: torch's inference mode and training mode reach the computation (False for an
-        onnxruntime session: it computes the same whatever torch's modes).
-    notes: the conventions in words, printed in the report.
-    """
-
-    mask: frozenset[str] = frozenset({"bool", "float"})
-    mask_forms: frozenset[str] = frozenset(MASK_FORM_NAMES)
-    cross_attention: bool = True
-    weights: bool = False
-    fully_masked: str = "zeros"
-    causal: bool = False
-    grads: bool = True
-    dropout: bool = True
-    sizes: tuple[int, int] | None = None
-    dtype: torch.dtype | None = None
-    kv_heads: int | None = None
-    torch_modes: bool = True
-    notes: tuple[str, ...] = field(default=())
-
-    def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
-        """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
-
-        Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
-        negation), weights, fully_masked, causal, grads, dropout, kv_heads.
-        """
-        changes: dict[str, object] = {}
-        for key, value in declaration.items():
-            if key not in _DECLARABLE:
-                raise ValueError(f"{source}: unknown convention {key!r}; known: {', '.join(sorted(_DECLARABLE))}")
-            name, parse = _DECLARABLE[key]
-            try:
-                changes[name] = parse(value)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"{source}: {key}={value!r}: {exc}") from None
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
-
-    def describe(self) -> str:
-        """One line: the conventions a verdict was reached under."""
-        mask = "/".join(sorted(self.mask)) or "none"
-        parts = [f"mask {mask}" + ("" if not self.mask or self.mask_forms == frozenset(MASK_FORM_NAMES)
-                                   else f" ({', '.join(sorted(self.mask_forms))})"),
-                 "cross-attention" if self.cross_attention else "self-attention",
-                 f"fully masked rows -> {self.fully_masked}"]
-        if self.causal:
-            parts.append("causal")
-        if self.kv_heads:
-            parts.append(f"{self.kv_heads} kv heads")
-        if self.sizes:
-            parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
-        if self.dtype is not None:
-            parts.append(str(self.dtype).replace("torch.", ""))
-        return "; ".join(parts + list(self.notes))
-
-
-def _subset(allowed: tuple[str, ...]) -> Callable[[object], frozenset[str]]:
-    def parse(value: object) -> frozenset[str]:
-        if not isinstance(value, (str, tuple, list, set, frozenset)):
-            raise TypeError("expected a name or a collection of names")
-        items = (value,) if isinstance(value, str) else tuple(value)
-        bad = [v for v in items if v not in allowed]
-        if bad:
-            raise ValueError(f"expected a subset of {allowed}")
-        return frozenset(items)
-    return parse
-
-
-def _flag(value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError("expected True or False")
-    return value
-
-
-def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:
-    def parse(value: object) -> str:
-        if value not in allowed:
-            raise ValueError(f"expected one of {allowed}")
-        return str(value)
-    return parse
-
-
-def _positive_or_none(value: object) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError("expected a positive int or None")
-    return value
-
-
-_DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
-    "mask": ("mask", _subset(("bool", "float"))),
-    "mask_forms": ("mask_forms", _subset(MASK_FORM_NAMES)),
-    "cross_attention": ("cross_attention", _flag),
-    "self_attention": ("cross_attention", lambda v: not _flag(v)),
-    "weights": ("weights", _flag),
-    "fully_masked": ("fully_masked", _choice(FULLY_MASKED)),
-    "causal": ("causal", _flag),
-    "grads": ("grads", _flag),
-    "dropout": ("dropout", _flag),
-    "kv_heads": ("kv_heads", _positive_or_none),
-}
+from mha_verify.properties.adapters_call import has_dropout, is_same_input, read_signature, set_all_dropout
+from mha_verify.properties.protocol import Conventions, NotApplicable
 
 
 def declared_conventions(module: nn.Module, found: Conventions) -> Conventions:
@@ -221,8 +89,6 @@ class Adapter:
         raise NotApplicable(f"{self.name} targets do not return attention weights")
 
     def has_dropout(self, module: nn.Module) -> bool:
-        from mha_verify.properties.adapters_call import has_dropout
-
         return has_dropout(module)
 
     def set_dropout(self, module: nn.Module, p: float) -> bool:
@@ -231,8 +97,6 @@ class Adapter:
         nn.Dropout modules and float attributes (``dropout``, ``attn_dropout``, ``dropout_p``,
         ``attention_dropout``, ``attn_pdrop``) that layers give to F.dropout or SDPA.
         """
-        from mha_verify.properties.adapters_call import set_all_dropout
-
         return set_all_dropout(module, p)
 
 
@@ -252,18 +116,12 @@ class QKVAdapter(Adapter):
         return all(isinstance(getattr(module, n, None), nn.Linear) for n in self.names)
 
     def _self_attention(self, module: nn.Module) -> bool:
-        from mha_verify.properties.adapters_call import read_signature  # by parameter names, not positional counts
-
-        return read_signature(module).self_attention
+        return read_signature(module).self_attention  # by parameter names, not positional counts
 
     def _has_mask(self, module: nn.Module) -> bool:
-        from mha_verify.properties.adapters_call import read_signature
-
         return read_signature(module).mask is not None
 
     def conventions(self, module: nn.Module) -> Conventions:
-        from mha_verify.properties.adapters_call import read_signature
-
         found = Conventions(
             mask=self.native_mask if self._has_mask(module) else frozenset(),
             cross_attention=not self._self_attention(module),
@@ -292,8 +150,6 @@ class QKVAdapter(Adapter):
               mask: torch.Tensor | None) -> tuple[list[Any], dict[str, Any]]:
         if mask is not None and not self.conventions(module).mask:
             raise NotApplicable("the target's forward takes no mask")
-        from mha_verify.properties.adapters_call import is_same_input, read_signature
-
         m = self._mask_for(module, mask, q.dtype)
         sig = read_signature(module)
         args: list[Any] = [q]
@@ -407,70 +263,3 @@ class TorchMHAAdapter(Adapter):
         assert isinstance(module, nn.MultiheadAttention)
         module.dropout = p
         return True
-
-
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (
-    TorchMHAAdapter(), QKVAdapter(), QueryKeyValueAdapter(), LinearQKVAdapter(),
-)}
-
-
-def _all_adapters() -> dict[str, Adapter]:
-    """The built-in adapters, in matching order: the exact ones first, then those that recognize
-    library layers by structure (``mha_verify.properties.adapters_structure``)."""
-    from mha_verify.properties.adapters_structure import STRUCTURAL
-
-    for adapter in STRUCTURAL:
-        ADAPTERS.setdefault(adapter.name, adapter)
-    return ADAPTERS
-
-
-_LOADED: dict[str, Adapter] = {}
-
-
-def load_adapter(spec: str) -> Adapter:
-    """A user's adapter from ``pkg.mod:Name`` or ``path/to/file.py:Name``: an Adapter subclass
-    (instantiated without arguments) or instance, loaded once. ValueError naming what is wrong."""
-    if spec not in _LOADED:
-        _LOADED[spec] = _load_adapter(spec)
-    return _LOADED[spec]
-
-
-def _load_adapter(spec: str) -> Adapter:
-    from mha_verify.properties.targets import TargetError, _load_attr
-
-    try:
-        obj = _load_attr(spec)
-    except TargetError as exc:
-        raise ValueError(f"--adapter {spec}: {exc}") from None
-    if inspect.isclass(obj) and issubclass(obj, Adapter):
-        obj = obj()
-    if not isinstance(obj, Adapter):
-        raise ValueError(f"--adapter {spec} is a {type(obj).__name__}, not a properties.adapters.Adapter subclass")
-    if obj.name == "base":
-        obj.name = spec.rpartition(":")[2]
-    if obj.mha_verify_conventions:  # checked now: an unknown key is a usage error, not 17 failures
-        Conventions().declare(obj.mha_verify_conventions, source=f"{type(obj).__name__}.mha_verify_conventions")
-    return obj
-
-
-def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
-    """The adapter named ``name`` (a built-in name, or ``pkg.mod:Name`` for a user's), or the
-    first whose structure ``module`` matches.
-
-    Raises ValueError naming the known adapters when none applies.
-    """
-    adapters = _all_adapters()
-    known = ", ".join(f"{a.name} ({a.description})" for a in adapters.values())
-    if name is not None and name != "auto":
-        if ":" in name:
-            return load_adapter(name)
-        if name not in adapters:
-            raise ValueError(f"unknown adapter {name!r}; known: {', '.join(adapters)} or pkg.mod:YourAdapter")
-        return adapters[name]
-    for adapter in adapters.values():
-        if adapter.matches(module):
-            return adapter
-    raise ValueError(
-        f"no adapter recognizes {type(module).__name__} (its children: "
-        f"{', '.join(n for n, _ in module.named_children()) or 'none'}); known adapters: {known}"
-    )

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.masks import additive_mask, causal_keep, keep_mask
+from mha_verify.properties.protocol import NotApplicable
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))
@@ -151,8 +152,6 @@ def _expand(mask: torch.Tensor, B: int, Lq: int, Lk: int) -> torch.Tensor:
         mask = mask.unsqueeze(0)
     if mask.shape[1] != 1:  # the same mask for every head, expanded: one head's is the layer's
         if not bool(torch.equal(mask, mask[:, :1].expand_as(mask))):
-            from mha_verify.properties.adapters import NotApplicable
-
             raise NotApplicable(f"a mask that differs across its {mask.shape[1]} heads cannot be given to a layer "
                                 "whose mask has no head axis")
         mask = mask[:, :1]

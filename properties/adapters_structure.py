@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.adapters import Adapter, Conventions, NotApplicable, declared_conventions
+from mha_verify.properties.adapters import Adapter, declared_conventions
 from mha_verify.properties.adapters_call import (
     MaskFormat,
     detect_causal,
@@ -47,6 +47,7 @@ from mha_verify.properties.adapters_call import (
     read_signature,
     set_all_dropout,
 )
+from mha_verify.properties.protocol import Conventions, NotApplicable
 
 
 def _linear_like(layer: object) -> bool:

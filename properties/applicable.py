@@ -7,7 +7,7 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.masks import causal_keep, full_keep
-from mha_verify.properties.adapters import Conventions
+from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.strategies import (
     MASK_FORMS,
     MASK_KINDS,

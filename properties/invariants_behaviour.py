@@ -7,12 +7,11 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.adapters import Conventions, NotApplicable
 from mha_verify.properties.applicable import examples_for, fully_masked
 from mha_verify.properties.measure import Measure, Violation, close, relation_allowed
+from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample, make_example
-from mha_verify.properties.targets import Bound
 
 
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
@@ -22,7 +21,7 @@ def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("lk_equals_lv", strategy=_cross)
-def lk_equals_lv(bound: Bound, ex: AttnExample) -> Measure:
+def lk_equals_lv(bound: Instance, ex: AttnExample) -> Measure:
     """A call with Lk != Lv raises, and never returns a tensor.
 
     out(q, k (B, Lk, D), v (B, Lk + d, D)) must raise; ValueError/TypeError naming both
@@ -52,7 +51,7 @@ def _weights(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("rows_sum_to_one", strategy=_weights)
-def rows_sum_to_one(bound: Bound, ex: AttnExample) -> Measure:
+def rows_sum_to_one(bound: Instance, ex: AttnExample) -> Measure:
     """Each query row's weights are a distribution over its unmasked keys.
 
     sum_j weights[b, h, i, j] = 1 for rows with a kept key, 0 for fully masked rows (the
@@ -75,7 +74,7 @@ def _bitwise(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 
 
 @invariant("determinism")
-def determinism(bound: Bound, ex: AttnExample) -> Measure:
+def determinism(bound: Instance, ex: AttnExample) -> Measure:
     """In eval mode the output is a function of the inputs alone: no state between calls.
 
     On one instance: out(x), then out(y) for other inputs y of the same shapes, then out(x)
@@ -89,7 +88,7 @@ def determinism(bound: Bound, ex: AttnExample) -> Measure:
     second = bound(other.q, other.k, other.v, other.mask).detach().clone()
     again = bound(ex.q, ex.k, ex.v, ex.mask).detach()
     _bitwise(again, first, "a second call with the same inputs (after a call with other inputs)")
-    fresh = bound.rebuild()(other.q, other.k, other.v, other.mask).detach()
+    fresh = bound.fresh()(other.q, other.k, other.v, other.mask).detach()
     _bitwise(second, fresh, "a call after another call, against the same call on a fresh instance,")
     return Measure()
 
@@ -102,7 +101,7 @@ def _large(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("finite_large_inputs", strategy=_large)
-def finite_large_inputs(bound: Bound, ex: AttnExample) -> Measure:
+def finite_large_inputs(bound: Instance, ex: AttnExample) -> Measure:
     """Finite inputs of large magnitude (1e2 to 1e3) give finite outputs.
 
     Scores then reach ~1e5 and more, where exp() overflows float32 unless the row maximum is
@@ -116,24 +115,23 @@ def finite_large_inputs(bound: Bound, ex: AttnExample) -> Measure:
 
 
 @invariant("dropout_off_in_eval", needs_dropout=True)
-def dropout_off_in_eval(bound: Bound, ex: AttnExample) -> Measure:
+def dropout_off_in_eval(bound: Instance, ex: AttnExample) -> Measure:
     """Dropout is off in eval mode, and p = 0 in training mode equals eval mode.
 
     With every dropout probability at 0.5: out_eval = out_eval(p=0); with p = 0:
     out_train = out_eval.
     """
-    module, adapter = bound.module, bound.adapter
-    if not adapter.set_dropout(module, 0.0):
+    if not bound.set_dropout(0.0):
         raise Violation("the target declares dropout, but the adapter found no dropout probability to set")
     try:
         reference = bound(ex.q, ex.k, ex.v, ex.mask).detach()
         allowed = relation_allowed(bound, ex)
-        adapter.set_dropout(module, 0.5)
+        bound.set_dropout(0.5)
         measure = close(bound(ex.q, ex.k, ex.v, ex.mask), reference, allowed, "eval output with dropout 0.5 vs 0")
-        adapter.set_dropout(module, 0.0)
-        module.train()
+        bound.set_dropout(0.0)
+        bound.set_training(True)
         close(bound(ex.q, ex.k, ex.v, ex.mask), reference, allowed, "training output with dropout 0 vs eval")
     finally:
-        module.eval()
+        bound.set_training(False)
     return measure
 

@@ -14,12 +14,11 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask, causal_keep
-from mha_verify.properties.adapters import Conventions
 from mha_verify.properties.applicable import comparable_rows, examples_for
 from mha_verify.properties.measure import Measure, close, relation_allowed
+from mha_verify.properties.protocol import Conventions, Instance
 from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample
-from mha_verify.properties.targets import Bound
 
 
 def _causal(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
@@ -29,7 +28,7 @@ def _causal(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, min_len=2)
 
 
-def _causal_example(bound: Bound, ex: AttnExample) -> AttnExample:
+def _causal_example(bound: Instance, ex: AttnExample) -> AttnExample:
     """The example as is for a causal target; else with a causal keep-mask ANDed into its mask."""
     if bound.conventions.causal:
         return ex
@@ -45,7 +44,7 @@ def _causal_example(bound: Bound, ex: AttnExample) -> AttnExample:
     return ex._replace(mask=mask)
 
 
-def _rows(bound: Bound, ex: AttnExample, n: int) -> torch.Tensor | None:
+def _rows(bound: Instance, ex: AttnExample, n: int) -> torch.Tensor | None:
     """(B, n) rows to compare: all of them, or those not fully masked where the target declares
     NaN or uniform weights there (``fully_masked_rows`` checks those)."""
     if bound.conventions.fully_masked == "zeros":
@@ -70,7 +69,7 @@ def _crop_mask(mask: torch.Tensor | None, n: int, lq: int) -> torch.Tensor | Non
 
 
 @invariant("no_future_leak", strategy=_causal)
-def no_future_leak(bound: Bound, ex: AttnExample) -> Measure:
+def no_future_leak(bound: Instance, ex: AttnExample) -> Measure:
     """Output rows i <= t do not change when the inputs after position t change (causal, or under a causal mask).
 
     With x'[:, j] = x[:, j] for j <= t and other values after t (queries, keys and values):
@@ -99,7 +98,7 @@ def no_future_leak(bound: Bound, ex: AttnExample) -> Measure:
 
 
 @invariant("prefix_consistency", strategy=_causal)
-def prefix_consistency(bound: Bound, ex: AttnExample) -> Measure:
+def prefix_consistency(bound: Instance, ex: AttnExample) -> Measure:
     """The first n positions alone give the first n output rows (causal, or under a causal mask).
 
     out(x[:, :n], M[..., :n, :n]) = out(x, M)[:, :n] for 1 <= n < L: what a causal layer

@@ -9,12 +9,12 @@ from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.adapters import Conventions
 from mha_verify.properties.applicable import examples_for, fully_masked, keep_of
+from mha_verify.properties.call_path import weights_if_any
 from mha_verify.properties.measure import UNCHECKED, Measure, Violation, close, ensure, oracle, relation_allowed, worst
+from mha_verify.properties.protocol import Conventions, Instance
 from mha_verify.properties.registry import StrategyFn, invariant
 from mha_verify.properties.strategies import AttnExample, build_keep
-from mha_verify.properties.targets import Bound
 
 _MASKED_KINDS = ("random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
 
@@ -33,7 +33,7 @@ def _needs_weights(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("mask_zeroes_weights", strategy=_needs_weights)
-def mask_zeroes_weights(bound: Bound, ex: AttnExample) -> Measure:
+def mask_zeroes_weights(bound: Instance, ex: AttnExample) -> Measure:
     """Attention weights are exactly 0 wherever the mask removes a key.
 
     weights[b, h, i, j] == 0 for every (b, h, i, j) with mask[b, h, i, j] = False (or -inf).
@@ -52,7 +52,7 @@ def mask_zeroes_weights(bound: Bound, ex: AttnExample) -> Measure:
 
 
 @invariant("masked_kv_invariance", strategy=_with_mask(), reach="full")
-def masked_kv_invariance(bound: Bound, ex: AttnExample) -> Measure:
+def masked_kv_invariance(bound: Instance, ex: AttnExample) -> Measure:
     """Replacing k and v at masked key positions does not change the output.
 
     For a set J of keys, out'[b, i] = out[b, i] for every query row (b, i) that masks all of
@@ -90,7 +90,7 @@ def _replaceable(keep: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return replace
 
 
-def _self_attention_masked_x(bound: Bound, ex: AttnExample, replace: torch.Tensor, rows: torch.Tensor,
+def _self_attention_masked_x(bound: Instance, ex: AttnExample, replace: torch.Tensor, rows: torch.Tensor,
                              noise: torch.Tensor) -> Measure:
     """Self-attention: x is query and key at once, so only rows that are not replaced compare."""
     x2 = ex.q.clone()
@@ -108,7 +108,7 @@ def _padding(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("masked_grad_zero", strategy=_padding, needs_grads=True)
-def masked_grad_zero(bound: Bound, ex: AttnExample) -> Measure:
+def masked_grad_zero(bound: Instance, ex: AttnExample) -> Measure:
     """The gradient reaching k and v at keys masked for every query is exactly 0.
 
     For a key j of item b with mask[b, h, i, j] = False for all h, i:
@@ -145,7 +145,7 @@ def _fully_masked_examples(conv: Conventions) -> st.SearchStrategy[AttnExample] 
 
 
 @invariant("fully_masked_rows", strategy=_fully_masked_examples, reach="full")
-def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
+def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
     """A query row whose keys are all masked gets zero weights: its output is w_o(0) = b_o.
 
     For rows (b, i) with mask[b, h, i, :] all False in every head h: out[b, i] = b_o (0
@@ -161,7 +161,7 @@ def fully_masked_rows(bound: Bound, ex: AttnExample) -> Measure:
     if not bool(affected.any()):
         return UNCHECKED
     outs = {"output": bound(ex.q, ex.k, ex.v, ex.mask).detach()}
-    got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
+    got = weights_if_any(bound, ex.q, ex.k, ex.v, ex.mask)
     if got is not None:
         outs["output with weights"] = got[0].detach()
     b_o = bound.params().b_o
@@ -208,7 +208,7 @@ def _both_conventions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str
 
 
 @invariant("bool_equals_additive", strategy=_both_conventions)
-def bool_equals_additive(bound: Bound, ex: AttnExample) -> Measure:
+def bool_equals_additive(bound: Instance, ex: AttnExample) -> Measure:
     """A bool keep-mask and the additive mask 0 (keep) / -inf (remove) give the same output.
 
     out(q, k, v, M) = out(q, k, v, where(M, 0, -inf)) for every bool M.
@@ -234,7 +234,7 @@ def _broadcastable(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("mask_broadcast", strategy=_broadcastable)
-def mask_broadcast(bound: Bound, ex: AttnExample) -> Measure:
+def mask_broadcast(bound: Instance, ex: AttnExample) -> Measure:
     """Masks that broadcast alike give the same output.
 
     With M of shape (1, 1, Lq, Lk): out(M) = out(M expanded to (B, 1, Lq, Lk)) =

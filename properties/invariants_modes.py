@@ -16,12 +16,11 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.adapters import Conventions
 from mha_verify.properties.applicable import examples_for
 from mha_verify.properties.measure import Measure, Violation, relation_allowed
+from mha_verify.properties.protocol import Conventions, Instance
 from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import MASK_KINDS, AttnExample
-from mha_verify.properties.targets import Bound
 
 
 def _with_fully_masked_rows(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
@@ -54,7 +53,7 @@ def _agree(got: torch.Tensor, expected: torch.Tensor, allowed: float, what: str)
 
 
 @invariant("inference_mode_agreement", strategy=_with_fully_masked_rows)
-def inference_mode_agreement(bound: Bound, ex: AttnExample) -> Measure:
+def inference_mode_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """Under torch.inference_mode() the output equals the eval-mode output with autograd on.
 
     out_inference(q, k, v, M) = out_eval(q, k, v, M) within twice the derived tolerance, and
@@ -67,19 +66,18 @@ def inference_mode_agreement(bound: Bound, ex: AttnExample) -> Measure:
 
 
 @invariant("train_mode_agreement", strategy=_with_fully_masked_rows)
-def train_mode_agreement(bound: Bound, ex: AttnExample) -> Measure:
+def train_mode_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """In training mode with every dropout probability at 0 the output equals the eval output.
 
     Dropout is set to 0 wherever the layer holds it (nn.Dropout modules, float ``dropout``/
     ``attn_dropout``/``dropout_p``/``attention_dropout`` attributes); then
     out_train(q, k, v, M) = out_eval(q, k, v, M) within twice the derived tolerance.
     """
-    module, adapter = bound.module, bound.adapter
-    adapter.set_dropout(module, 0.0)
+    bound.set_dropout(0.0)
     expected = bound(ex.q, ex.k, ex.v, ex.mask).detach()
-    module.train()
+    bound.set_training(True)
     try:
         got = bound(ex.q, ex.k, ex.v, ex.mask)
     finally:
-        module.eval()
+        bound.set_training(False)
     return _agree(got, expected, relation_allowed(bound, ex), "output in training mode with dropout 0")

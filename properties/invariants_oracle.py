@@ -10,16 +10,16 @@ from hypothesis import strategies as st
 
 from mha_verify.mha.reference import MHAParams, concat_heads, one_head, output_projection, same_precision
 from mha_verify.mha.tolerance import compare, tolerance_for
-from mha_verify.properties.adapters import Conventions, NotApplicable
 from mha_verify.properties.applicable import comparable_rows, examples_for
+from mha_verify.properties.call_path import weights_if_any
 from mha_verify.properties.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
+from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample, sizes
-from mha_verify.properties.targets import Bound
 
 
 @invariant("oracle_agreement", reach="full")
-def oracle_agreement(bound: Bound, ex: AttnExample) -> Measure:
+def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """The target agrees with the float64 formula evaluated with the target's own weights.
 
     out = Concat_h(softmax(Q_h K_h^T / sqrt(Hd) + M) V_h) W_o^T + b_o, with Q_h = (q W_q^T + b_q)_h
@@ -32,7 +32,7 @@ def oracle_agreement(bound: Bound, ex: AttnExample) -> Measure:
     if out.shape != ref.shape:
         raise Violation(f"output shape {tuple(out.shape)}, but should be {tuple(ref.shape)}")
     measure = ensure(compare(out, ref, same, ex.q.dtype), "output vs float64 oracle")
-    got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
+    got = weights_if_any(bound, ex.q, ex.k, ex.v, ex.mask)
     if got is not None:
         weights = got[1]
         if weights.shape != ref_w.shape:
@@ -59,7 +59,7 @@ def _heads_to_check(n_head: int, seed: int) -> list[int]:
 
 
 @invariant("head_split", strategy=_editable, reach="full")
-def head_split(bound: Bound, ex: AttnExample) -> Measure:
+def head_split(bound: Instance, ex: AttnExample) -> Measure:
     """Each head of the target computes head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) with its own slices.
 
     With W_o restricted to head i's columns (the others zeroed), the target's output is
@@ -75,7 +75,7 @@ def head_split(bound: Bound, ex: AttnExample) -> Measure:
     full = compare(same, ref, same, ex.q.dtype)
     whole = tolerance_for(ex.q.dtype).allowed(full.ref_error, full.scale)
     measures = []
-    isolated = bound.rebuild()  # one copy; its w_o is restricted to one head at a time
+    isolated = bound.fresh()  # one copy; its w_o is restricted to one head at a time
     # every head then the restricted W_o, as the target computes it: the heads do not depend on W_o
     concat_same, _ = concat_heads(ex.q, ex.k, ex.v, isolated.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
                                   causal=conv.causal, fully_masked=conv.fully_masked)
@@ -145,7 +145,7 @@ def _small(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("gradcheck", strategy=_small, dtype=torch.float64, needs_grads=True)
-def gradcheck(bound: Bound, ex: AttnExample) -> Measure:
+def gradcheck(bound: Instance, ex: AttnExample) -> Measure:
     """Analytical gradients w.r.t. q, k and v match finite differences (float64, small sizes).
 
     torch.autograd.gradcheck (fast mode: random projections of the Jacobian) with eps=1e-6,

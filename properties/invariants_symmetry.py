@@ -5,12 +5,11 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.adapters import Conventions
 from mha_verify.properties.applicable import examples_for
 from mha_verify.properties.measure import Measure, close, relation_allowed, worst
+from mha_verify.properties.protocol import Conventions, Instance
 from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample
-from mha_verify.properties.targets import Bound
 
 
 def _perm(n: int, seed: int) -> torch.Tensor:
@@ -31,7 +30,7 @@ def _full_mask(ex: AttnExample) -> torch.Tensor | None:
 @invariant("query_permutation", strategy=_positions,
            causal_forbids="query i sees keys j <= i, so permuting positions changes what each query sees",
            reach="full")
-def query_permutation(bound: Bound, ex: AttnExample) -> Measure:
+def query_permutation(bound: Instance, ex: AttnExample) -> Measure:
     """Permuting query positions permutes the output rows the same way.
 
     out(q[:, P], k, v, M[..., P, :]) = out(q, k, v, M)[:, P] for a permutation P of Lq.
@@ -57,7 +56,7 @@ def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 @invariant("key_permutation", strategy=_cross,
            causal_forbids="the order of keys is what the causal mask reads, so permuting them changes the output",
            reach="full")
-def key_permutation(bound: Bound, ex: AttnExample) -> Measure:
+def key_permutation(bound: Instance, ex: AttnExample) -> Measure:
     """Permuting key and value positions together (and the mask's columns) leaves the output unchanged.
 
     out(q, k[:, P], v[:, P], M[..., P]) = out(q, k, v, M) for a permutation P of Lk.
@@ -74,7 +73,7 @@ def _batches(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 @invariant("batch_independence", strategy=_batches, reach="full")
-def batch_independence(bound: Bound, ex: AttnExample) -> Measure:
+def batch_independence(bound: Instance, ex: AttnExample) -> Measure:
     """Each batch item's output equals that item computed alone, whatever the other items hold.
 
     out(q, k, v, M)[b] = out(q[b:b+1], k[b:b+1], v[b:b+1], M[b:b+1])[0] for every b; the

@@ -11,8 +11,8 @@ import torch
 
 from mha_verify.mha.reference import multi_head, same_precision
 from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
+from mha_verify.properties.protocol import Instance
 from mha_verify.properties.strategies import AttnExample
-from mha_verify.properties.targets import Bound
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def ensure(comparison: Comparison, what: str) -> Measure:
     return Measure(comparison.error, comparison.allowed)
 
 
-def oracle(bound: Bound, ex: AttnExample, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
+def oracle(bound: Instance, ex: AttnExample, q: torch.Tensor | None = None, k: torch.Tensor | None = None,
            v: torch.Tensor | None = None, mask: torch.Tensor | str | None = "same"
            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(oracle output (float64), oracle weights (float64), same-precision output) with the target's
@@ -76,7 +76,7 @@ def oracle(bound: Bound, ex: AttnExample, q: torch.Tensor | None = None, k: torc
     return ref, ref_w, same
 
 
-def relation_allowed(bound: Bound, ex: AttnExample) -> float:
+def relation_allowed(bound: Instance, ex: AttnExample) -> float:
     """Tolerance for a relation between two outputs of the target (e.g. permuted vs not).
 
     Each side may stray from the oracle by the derived tolerance, so their difference may be
@@ -114,4 +114,5 @@ def worst(*measures: Measure) -> Measure:
     return max(checked, key=lambda m: m.error / m.allowed if m.allowed > 0 else (0.0 if m.error == 0 else math.inf))
 
 
-CheckFn = Callable[[Bound, AttnExample], Measure]
+CheckFn = Callable[[Instance, AttnExample], Measure]
+RelationFn = Callable[[Instance, Instance, AttnExample], Measure]

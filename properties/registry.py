@@ -1,4 +1,6 @@
-"""The registry of named invariants; each invariant module registers its properties here."""
+"""The registry of named checks: invariants of one target (:class:`Property`) and relations
+between two targets on the same example (:class:`Relation`). Each invariant module registers
+its checks here; :mod:`mha_verify.properties.suite` imports them all."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.adapters import Conventions
 from mha_verify.properties.applicable import examples_for
-from mha_verify.properties.measure import CheckFn
+from mha_verify.properties.measure import CheckFn, RelationFn
+from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.strategies import AttnExample
 
 StrategyFn = Callable[[Conventions], "st.SearchStrategy[AttnExample] | str"]
@@ -82,15 +84,34 @@ def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype 
     return register
 
 
-def all_properties() -> dict[str, Property]:
-    """Every property, in registration order (imports the invariant modules)."""
-    from mha_verify.properties import (  # noqa: F401
-        invariants_behaviour,
-        invariants_causal,
-        invariants_mask,
-        invariants_modes,
-        invariants_oracle,
-        invariants_symmetry,
-    )
+@dataclass(frozen=True)
+class Relation:
+    """A named relation between two targets on one example: ``check(first, second, example)``
+    returns a Measure or raises a Violation (e.g. an onnxruntime session against the eager
+    module it was exported from). Examples are drawn for the first target's conventions."""
 
-    return PROPERTIES
+    name: str
+    check: RelationFn
+    strategy: StrategyFn
+    reach: str = "full"
+
+    @property
+    def doc(self) -> str:
+        return inspect.cleandoc(self.check.__doc__ or "")
+
+
+RELATIONS: dict[str, Relation] = {}
+
+
+def relation(name: str, strategy: StrategyFn, *, reach: str = "full") -> Callable[[RelationFn], RelationFn]:
+    """Register ``check`` as the relation ``name``."""
+    if reach not in ("full", "modest"):
+        raise ValueError(f"reach must be 'full' or 'modest', got reach={reach!r}")
+
+    def register(check: RelationFn) -> RelationFn:
+        if name in RELATIONS or name in PROPERTIES:
+            raise ValueError(f"check {name!r} is registered twice")
+        RELATIONS[name] = Relation(name, check, strategy, reach)
+        return check
+
+    return register

@@ -1,4 +1,11 @@
-"""Run properties against a target with Hypothesis and turn the outcome into CheckResults."""
+"""Run checks with Hypothesis and turn the outcome into CheckResults: a property against one
+target (:func:`run_property`), or a relation between two targets on the same examples
+(:func:`run_relation`), through one engine: the same example database keys, per-check seeds,
+boundary sweep, shrink budget and verdict rules.
+
+Every target is a :class:`~mha_verify.properties.protocol.Subject`; the instance a check calls
+is wrapped in :class:`~mha_verify.properties.call_path.Checked`, the one call path.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ import dataclasses
 import math
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -17,13 +24,18 @@ from hypothesis import settings as Settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
-from mha_verify.properties.adapters import Conventions, NotApplicable
+from mha_verify.mha.reference import multi_head
+from mha_verify.properties.call_path import Checked, weights_if_any
 from mha_verify.properties.keyed_database import keyed
 from mha_verify.properties.measure import Measure, Violation
-from mha_verify.properties.registry import Property, all_properties
+from mha_verify.properties.protocol import Conventions, NotApplicable, Subject, TargetError
+from mha_verify.properties.registry import Property, Relation, StrategyFn
 from mha_verify.properties.results import CheckResult
 from mha_verify.properties.strategies import AttnExample, boundary_cases, forced_size_case, modest_size_cases
-from mha_verify.properties.targets import Target, TargetError
+
+#: called after every example a check ran: the example, and what it measured or the exception it
+#: raised (a Violation, NotApplicable, or the target's own error)
+Observer = Callable[[AttnExample, "Measure | BaseException"], None]
 
 
 @dataclass
@@ -112,22 +124,24 @@ def phase_seed(name: str, phase: str, seed: int | None) -> int:
     return zlib.crc32(f"{name}|{phase}".encode() if seed is None else f"{name}|{phase}|{seed}".encode())
 
 
-def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats: _Stats, ex: AttnExample) -> None:
-    """One example: build the target at its sizes, run the property, record the measure in ``stats``."""
+def _check_example(evaluate: Callable[[AttnExample], Measure], stats: _Stats, ex: AttnExample,
+                   observer: Observer | None = None) -> None:
+    """One example: ``evaluate`` it (build the target(s) at its sizes, run the check) and record
+    the measure in ``stats``."""
     if (stats.first_failure_at is not None and time.perf_counter() - stats.first_failure_at > SHRINK_BUDGET
             and not _same_example(ex, stats.failing_example)):
         # Spent: every other example Hypothesis tries is rejected, so shrinking ends. The last
         # failure recorded is Hypothesis's smallest; it still runs, so Hypothesis's final replay
         # of it fails as before (no flaky error) and the database stores that very example.
         reject()
-    s = ex.sizes
-    bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)
     try:
-        measure = prop.check(bound, ex)
+        measure = evaluate(ex)
     except NotApplicable as exc:  # the target could not take this one call: nothing compared
         why = str(exc)
         stats.unchecked += 1
         stats.unchecked_why[why] = stats.unchecked_why.get(why, 0) + 1
+        if observer is not None:
+            observer(ex, exc)
         return
     except Exception as exc:
         stats.failure, stats.failing_example = _summary(exc), ex
@@ -139,7 +153,11 @@ def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats
             stats.failing_ratio = _json_ratio(_ratio(failing))
         else:
             stats.failing_ratio = "nan"
+        if observer is not None:
+            observer(ex, exc)
         raise
+    if observer is not None:
+        observer(ex, measure)
     if not measure.checked:
         stats.unchecked += 1
         return
@@ -154,38 +172,78 @@ def _check_example(prop: Property, target: Target, run_dtype: torch.dtype, stats
 
 
 def run_property(
-    prop: Property, target: Target, *, settings: Settings, seed: int | None = None,
-    replay: str | None = None, dtype: torch.dtype | None = None,
+    prop: Property, target: Subject, *, settings: Settings, seed: int | None = None,
+    replay: str | None = None, dtype: torch.dtype | None = None, observer: Observer | None = None,
 ) -> CheckResult:
     """Run one property against ``target`` under ``settings``; never raises for target failures.
 
     Whether the property applies is decided before the run, from the target's conventions.
     Only examples that compared something count; a property that checked fewer than
-    :func:`check_floor` examples is a warning with the reason.
+    :func:`check_floor` examples is a warning with the reason. ``observer`` sees every example.
     """
     start = time.perf_counter()
-    probe = target.build(*getattr(target, "probe_sizes", (8, 2)), dtype=prop.dtype if dtype is None else dtype)
-    conv = probe.conventions
+    conv = target.build(*target.probe_sizes, dtype=prop.dtype if dtype is None else dtype).conventions
     run_dtype = effective_dtype(prop, conv, dtype)
+
+    def evaluate(ex: AttnExample) -> Measure:
+        s = ex.sizes
+        return prop.check(Checked(target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)), ex)
+
+    result, ex = _search(prop.name, prop.strategy, prop.reach, conv, run_dtype, evaluate, key=target.spec,
+                         reason=prop.not_applicable(conv), settings=settings, seed=seed, observer=observer,
+                         replay=replay, start=start)
+    if ex is not None:
+        result.details["heatmap"] = heatmap(target, ex, run_dtype)
+    return result
+
+
+def run_relation(
+    rel: Relation, first: Subject, second: Subject, *, settings: Settings, seed: int | None = None,
+    observer: Observer | None = None,
+) -> CheckResult:
+    """Run one relation between ``first`` and ``second`` on the examples drawn for ``first``'s
+    conventions, each built at the example's sizes and seed; the same engine as :func:`run_property`."""
+    start = time.perf_counter()
+    conv = first.build(*first.probe_sizes).conventions
+    run_dtype = conv.dtype if conv.dtype is not None else torch.float32
+
+    def evaluate(ex: AttnExample) -> Measure:
+        s = ex.sizes
+        a = Checked(first.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
+        b = Checked(second.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
+        return rel.check(a, b, ex)
+
+    result, _ = _search(rel.name, rel.strategy, rel.reach, conv, run_dtype, evaluate,
+                        key=f"{first.spec}|{second.spec}", reason=None, settings=settings, seed=seed,
+                        observer=observer, replay=None, start=start)
+    return result
+
+
+def _search(
+    name: str, strategy_fn: StrategyFn, reach: str, conv: Conventions, run_dtype: torch.dtype,
+    evaluate: Callable[[AttnExample], Measure], *, key: str, reason: str | None, settings: Settings,
+    seed: int | None, observer: Observer | None, replay: str | None, start: float,
+) -> tuple[CheckResult, AttnExample | None]:
+    """The engine: draw examples for ``conv``, ``evaluate`` each, and give the verdict (and the
+    failing example, if any)."""
     conventions = conv.describe()
-    reason = prop.not_applicable(conv)
     run_conv = dataclasses.replace(conv, dtype=run_dtype)
-    with contextlib.nullcontext() if prop.reach == "full" else modest_size_cases():
-        strategy = reason or prop.strategy(run_conv)
+    with contextlib.nullcontext() if reach == "full" else modest_size_cases():
+        strategy = reason or strategy_fn(run_conv)
     if isinstance(strategy, str):
-        return CheckResult(prop.name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start,
-                           details={"conventions": conventions})
+        return CheckResult(name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start,
+                           details={"conventions": conventions}), None
     stats = _Stats()
 
     def body(ex: AttnExample) -> None:  # kept short: Hypothesis reads (and tokenizes) its source every run
-        _check_example(prop, target, run_dtype, stats, ex)
+        _check_example(evaluate, stats, ex, observer)
 
     def run(strategy: st.SearchStrategy[AttnExample], settings: Settings, phase: str) -> BaseException | None:
         test = given(strategy)(body)
         if seed is not None or settings.derandomize:
-            test = hypothesis_seed(phase_seed(prop.name, phase, seed))(test)
+            test = hypothesis_seed(phase_seed(name, phase, seed))(test)
         # The settings go on after the seed: @seed sets database=None on the settings it finds,
-        # and a seeded run with a database (`--database` with the ci profile) stored nothing.
+        # and a seeded run with a database (`--database` with the ci profile) would store nothing.
         test = Settings(settings, suppress_health_check=[*settings.suppress_health_check,
                                                         HealthCheck.filter_too_much, HealthCheck.too_slow])(test)
         try:
@@ -198,21 +256,21 @@ def run_property(
             return exc
         return None
 
-    # distinct example-database keys per property and target, so a failure replays first next time
-    settings = keyed(settings, f"{prop.name}|{target.spec}")
-    # The random examples, then every boundary case of the sizes (two examples each): a short
-    # derandomized run would otherwise reach only some of them. Random first, so that a bug
-    # found at any size shrinks freely to the smallest example.
+    # distinct example-database keys per check and target, so a failure replays first next time
+    settings = keyed(settings, f"{name}|{key}")
+    # The random examples first, then every boundary case of the sizes (two examples each): a
+    # short derandomized run would otherwise reach only some of them. Random first, so that a
+    # bug found at any size shrinks freely to the smallest example.
     cases = boundary_cases()
     if run_conv.sizes is not None:  # a model fixed in d_model and n_head: no heads case to sweep
         cases = tuple(c for c in cases if c[0] != "heads")
-    sweep = prop.reach == "full" and settings.max_examples >= 3 * SWEEP_EXAMPLES * len(cases) / 2
+    sweep = reach == "full" and settings.max_examples >= 3 * SWEEP_EXAMPLES * len(cases) / 2
     cases = cases if sweep else ()
     rest = max(1, settings.max_examples - SWEEP_EXAMPLES * len(cases))
     error = run(strategy, Settings(settings, max_examples=rest), "random")
     for case in cases if error is None or isinstance(error, Unsatisfiable) else ():
         with forced_size_case(case):
-            swept = prop.strategy(run_conv)
+            swept = strategy_fn(run_conv)
         assert not isinstance(swept, str)
         found = run(swept, Settings(settings, max_examples=SWEEP_EXAMPLES), f"{case[0]}={case[1]}")
         if found is not None and not isinstance(found, Unsatisfiable):
@@ -227,72 +285,55 @@ def run_property(
                                   "conventions": conventions}
     if run_dtype != torch.float32:
         details["dtype"] = str(run_dtype).replace("torch.", "")
-    common = dict(examples=stats.checked, seconds=seconds, worst_error=worst.error, allowed=worst.allowed,
-                  details=details)
+
+    def verdict(verdict: str, reason: str | None = None, **extra: object) -> CheckResult:
+        return CheckResult(name, "properties", verdict, examples=stats.checked, seconds=seconds,
+                           worst_error=worst.error, allowed=worst.allowed, details=details, reason=reason,
+                           **extra)  # type: ignore[arg-type]
+
     if error is not None:
         if isinstance(error, Unsatisfiable) and stats.failure is None:
-            return CheckResult(prop.name, "properties", "warn", seconds=seconds, details=details,
-                               reason="no generated example satisfied the target's conventions: nothing checked")
+            return CheckResult(name, "properties", "warn", seconds=seconds, details=details,
+                               reason="no generated example satisfied the target's conventions: nothing checked"), None
         ex = stats.failing_example
         notes = [n for n in getattr(error, "__notes__", []) if "reproduce_failure" in n or "@seed" in n]
         if notes:
             details["hypothesis"] = notes
-        if ex is not None:
-            details["heatmap"] = heatmap(target, prop, ex, run_dtype)
-        return CheckResult(
-            prop.name, "properties", "fail", **common,  # type: ignore[arg-type]
-            counterexample=None if ex is None else ex.describe(),
-            reason=stats.failure or _summary(error), replay=replay,
-        )
+        return verdict("fail", stats.failure or _summary(error), replay=replay,
+                       counterexample=None if ex is None else ex.describe()), ex
     floor = check_floor(settings)
     if stats.checked < floor:
         drawn = stats.checked + stats.unchecked
         why = "; ".join(f"{w} ({n}x)" for w, n in stats.unchecked_why.items())
-        return CheckResult(prop.name, "properties", "warn", **common,  # type: ignore[arg-type]
-                           reason=f"checked something on only {stats.checked} of {drawn} examples "
-                                  f"(floor {floor}){': ' + why if why else ''}")
+        return verdict("warn", f"checked something on only {stats.checked} of {drawn} examples "
+                               f"(floor {floor}){': ' + why if why else ''}"), None
     if stats.remarks:
         reason = "; ".join(stats.remarks)
         if stats.declared:
             reason += f" ({conv.fully_masked} as the target declares)"
-        return CheckResult(prop.name, "properties", "warn", reason=reason, **common)  # type: ignore[arg-type]
+        return verdict("warn", reason), None
     if stats.declared:
-        return CheckResult(prop.name, "properties", "declared", **common,  # type: ignore[arg-type]
-                           reason=f"the target declares fully masked rows give {conv.fully_masked} and behaves as "
-                                  "declared")
-    return CheckResult(prop.name, "properties", "pass", **common)  # type: ignore[arg-type]
+        return verdict("declared", f"the target declares fully masked rows give {conv.fully_masked} and behaves as "
+                                   "declared"), None
+    return verdict("pass"), None
 
 
-def heatmap(target: Target, prop: Property, ex: AttnExample, dtype: torch.dtype) -> dict[str, object]:
+def heatmap(target: Subject, ex: AttnExample, dtype: torch.dtype) -> dict[str, object]:
     """Attention weights of item 0 of a counterexample, (H, Lq, Lk), for the HTML report.
 
     The target's own weights where it returns them, else the float64 formula's with the
     target's projection weights (``source`` says which).
     """
-    bound = target.build(ex.sizes.d_model, ex.sizes.n_head, seed=ex.seed, dtype=dtype)
+    instance = target.build(ex.sizes.d_model, ex.sizes.n_head, seed=ex.seed, dtype=dtype)
     source = "target"
     try:
-        got = bound.with_weights_if_any(ex.q, ex.k, ex.v, ex.mask)
+        got = weights_if_any(instance, ex.q, ex.k, ex.v, ex.mask)
     except Exception:  # the target fails on this very example: show what it should have computed
         got = None
     if got is None:
-        from mha_verify.mha.reference import multi_head
-
-        conv = bound.conventions
-        got = multi_head(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, causal=conv.causal,
+        conv = instance.conventions
+        got = multi_head(ex.q, ex.k, ex.v, instance.params(), instance.n_head, ex.mask, causal=conv.causal,
                          fully_masked=conv.fully_masked)
         source = "float64 oracle with the target's weights"
     weights = got[1].detach().double()[0][:, :32, :32]  # (H, Lq, Lk), at most 32 x 32 per head
     return {"source": source, "weights": [[[float(f"{x:.4g}") for x in row] for row in head] for head in weights]}
-
-
-def select(names: Iterable[str] | None) -> list[Property]:
-    """The properties named (all by default); ValueError naming the unknown ones."""
-    props = all_properties()
-    if not names:
-        return list(props.values())
-    chosen = list(names)
-    unknown = [n for n in chosen if n not in props]
-    if unknown:
-        raise ValueError(f"unknown properties {', '.join(unknown)}; known: {', '.join(props)}")
-    return [props[n] for n in chosen]

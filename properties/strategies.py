@@ -23,12 +23,10 @@ from typing import NamedTuple
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.mha.masks import additive_mask, causal_keep, kept_fraction
+from mha_verify.mha.masks import MASK_FORMS, MaskForm, additive_mask, causal_keep, kept_fraction
 
 # Mask structures; the first shrinks best.
 MASK_KINDS = ("none", "all_keep", "random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
-# Mask shapes, all broadcasting to (B, H, Lq, Lk).
-MASK_FORMS = ("B1LL", "11LL", "LL", "BHLL", "B11L")
 # bool keep-mask; additive float 0/-inf; additive float with finite biases on kept keys;
 # additive float that "removes" keys with a finite large negative (finfo.min, -1e9, -1e4), as HF
 # transformers and fairseq write masks: by the contract a finite value is a bias, applied exactly.
@@ -273,13 +271,7 @@ def mask_specs(
 
 
 def _form_shape(form: str, s: Sizes) -> tuple[int, ...]:
-    return {
-        "BHLL": (s.batch, s.n_head, s.lq, s.lk),
-        "B1LL": (s.batch, 1, s.lq, s.lk),
-        "11LL": (1, 1, s.lq, s.lk),
-        "LL": (s.lq, s.lk),
-        "B11L": (s.batch, 1, 1, s.lk),  # key padding: one row of keys per item, shared by every query
-    }[form]
+    return MaskForm(form).shape(s.batch, s.n_head, s.lq, s.lk)
 
 
 def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:

@@ -9,11 +9,9 @@ The default SPEC is the reference, ``mha_verify.mha:MultiHeadAttention``.
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import inspect
 import math
-import sys
+import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,56 +22,12 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.adapters import Adapter, Conventions, NotApplicable, find_adapter
+from mha_verify.properties.adapter_registry import find_adapter
+from mha_verify.properties.adapters import Adapter
+from mha_verify.properties.loading import load_attr
+from mha_verify.properties.protocol import Conventions, TargetError
 
 DEFAULT_SPEC = "mha_verify.mha:MultiHeadAttention"
-
-
-class TargetError(Exception):
-    """SPEC cannot be turned into an attention module (a usage error: exit code 2)."""
-
-
-def _load_attr(spec: str) -> object:
-    if ":" not in spec:
-        raise TargetError(f"target {spec!r} must look like package.module:Attr or path/to/file.py:Attr")
-    where, _, attr = spec.rpartition(":")
-    if not where or not attr:
-        raise TargetError(f"target {spec!r} must look like package.module:Attr or path/to/file.py:Attr")
-    if where.endswith(".py") or "/" in where or "\\" in where:
-        path = Path(where)
-        if not path.is_file():
-            raise TargetError(f"target file {where!r} does not exist")
-        name = f"_mha_verify_target_{abs(hash(str(path.resolve())))}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise TargetError(f"target file {where!r} cannot be imported as Python")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        # the file's directory on sys.path while it is imported, so that it imports its siblings
-        # (``from layers import Block`` next to model.py), as ``python path/file.py`` would allow
-        folder = str(path.resolve().parent)
-        added = folder not in sys.path
-        if added:
-            sys.path.insert(0, folder)
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:
-            del sys.modules[name]
-            raise TargetError(f"importing {where!r} failed: {type(exc).__name__}: {exc}") from None
-        finally:
-            if added and folder in sys.path:
-                sys.path.remove(folder)
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as exc:
-            raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}") from None
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise TargetError(f"{where!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
 
 
 def randomize_parameters(module: nn.Module, seed: int) -> None:
@@ -105,23 +59,21 @@ def randomize_parameters(module: nn.Module, seed: int) -> None:
 
 @dataclass
 class Bound:
-    """One constructed target module with its adapter: the harness's view of a layer."""
+    """An eager module at fixed sizes with the adapter that calls it: the eager
+    :class:`~mha_verify.properties.protocol.Instance`."""
 
     module: nn.Module
     adapter: Adapter
     d_model: int
     n_head: int
-    rebuild: Callable[[], Bound]  # a fresh instance with the same weights
+    #: a new instance as built (same sizes, seed, dtype): a Target rebuilds it; a module given as it
+    #: is (``export.onnx_export.as_bound``) is deep-copied as it was when bound
+    rebuild: Callable[[], Bound] | None = field(default=None, repr=False, compare=False)
 
-    def with_weights_if_any(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``with_weights`` where the target can give weights, else None."""
-        if not self.conventions.weights:
-            return None
-        try:
-            return self.with_weights(q, k, v, mask)
-        except NotApplicable:
-            return None
+    def __post_init__(self) -> None:
+        if self.rebuild is None:
+            pristine = copy.deepcopy(self.module)
+            self.rebuild = lambda: Bound(copy.deepcopy(pristine), self.adapter, self.d_model, self.n_head)
 
     @property
     def conventions(self) -> Conventions:
@@ -140,10 +92,24 @@ class Bound:
     def params(self) -> MHAParams:
         return self.adapter.params(self.module)
 
+    def set_dropout(self, p: float) -> bool:
+        return self.adapter.set_dropout(self.module, p)
+
+    def set_training(self, mode: bool) -> None:
+        self.module.train(mode)
+
+    def fresh(self) -> Bound:
+        assert self.rebuild is not None
+        return self.rebuild()
+
+
+PROBE_SIZES = (8, 2)  # (d_model, n_head) where a target's conventions are read before a run
+
 
 @dataclass
 class Target:
-    """A loaded SPEC: builds bound modules of any size."""
+    """A loaded SPEC: builds eager instances of any size (the eager
+    :class:`~mha_verify.properties.protocol.Subject`)."""
 
     spec: str
     factory: Callable[[int, int], nn.Module]
@@ -160,6 +126,10 @@ class Target:
     #: for an MHA layer, copying costs about what building does, and nothing is kept)
     PRISTINE_KEPT = 8
     PRISTINE_MIN_NUMEL = 2**16
+
+    @property
+    def probe_sizes(self) -> tuple[int, int]:
+        return PROBE_SIZES
 
     def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Bound:
         """Construct the module, redraw all its parameters from ``seed`` at the scale of its init
@@ -240,7 +210,7 @@ def _takes_config(cls: type) -> bool:
 def load_target(spec: str | None = None, *, adapter: str | None = None) -> Target:
     """Resolve SPEC (default: the reference) and check that it builds at a small size."""
     spec = spec or DEFAULT_SPEC
-    obj = _load_attr(spec)
+    obj = load_attr(spec)
     if inspect.isclass(obj):
         if not issubclass(obj, nn.Module):
             raise TargetError(f"{spec} is a class but not a torch.nn.Module subclass")
@@ -254,7 +224,41 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
         raise TargetError(f"{spec} is a {type(obj).__name__}, not an nn.Module class or a factory")
     target = Target(spec, factory, adapter)
     try:  # fail now, as a usage error, rather than inside every property
-        target.build(8, 2).conventions  # noqa: B018 -- a declaration with an unknown key raises here
+        target.build(*PROBE_SIZES).conventions  # noqa: B018 -- a declaration with an unknown key raises here
     except ValueError as exc:
         raise TargetError(str(exc)) from None
     return target
+
+
+def load_weights(bound: Bound, path: str | os.PathLike[str], dtype: torch.dtype) -> None:
+    """Load a state_dict file into ``bound``'s module (``torch.load(weights_only=True)``: no code
+    from the file runs), then cast it to ``dtype`` in eval mode. TargetError (usage) naming the
+    file and what is wrong."""
+    file = Path(path)
+    if not file.is_file():
+        raise TargetError(f"weights file {str(file)!r} does not exist")
+    try:
+        bound.module.load_state_dict(torch.load(file, map_location="cpu", weights_only=True))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise TargetError(f"cannot load weights {str(file)!r}: {type(exc).__name__}: {first}") from None
+    bound.module.to(dtype).eval()
+
+
+@dataclass
+class Fixed:
+    """A Subject of one instance already built (an exported module, one loaded with its weights):
+    ``build`` returns it at its own sizes, whatever the seed, and refuses other sizes."""
+
+    instance: Bound
+    spec: str
+
+    @property
+    def probe_sizes(self) -> tuple[int, int]:
+        return (self.instance.d_model, self.instance.n_head)
+
+    def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Bound:
+        if (d_model, n_head) != self.probe_sizes:
+            raise TargetError(f"{self.spec} is fixed to (d_model, n_head)={self.probe_sizes}; "
+                              f"asked for ({d_model}, {n_head})")
+        return self.instance

@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from mha_verify.properties import profiles
-from mha_verify.properties.adapters import find_adapter
-from mha_verify.properties.registry import all_properties
+from mha_verify.properties.adapter_registry import find_adapter
+from mha_verify.properties.protocol import TargetError
 from mha_verify.properties.runner import run_property
-from mha_verify.properties.targets import Target, TargetError, load_target
+from mha_verify.properties.suite import all_properties
+from mha_verify.properties.targets import Target, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = "tests/fixtures/"
@@ -136,7 +137,7 @@ def test_library_style_layer_across_the_export_boundary(spec: str, bug: bool, tm
     from hypothesis import settings as Settings
 
     from mha_verify.export.onnx_export import export_onnx
-    from mha_verify.export.validation import validate_model
+    from mha_verify.validation import validate_model
 
     bound = load_target(FIX + spec).build(16, 4, seed=0)
     export_onnx(bound, tmp_path / "m.onnx", exporter="torchscript")

@@ -122,7 +122,7 @@ def test_crash_or_hang_in_the_target_fails_that_check_only(target: str, timeout:
 
 def test_list_names_every_property() -> None:
     from mha_verify.cli import main
-    from mha_verify.properties.registry import all_properties
+    from mha_verify.properties.suite import all_properties
 
     assert main(["list"]) == 0
     assert len(all_properties()) >= 17

@@ -18,16 +18,16 @@ from hypothesis import settings
 
 from mha_verify.cli import main
 from mha_verify.export import onnx_export
-from mha_verify.export.export_stage import export_stage
-from mha_verify.export.interface import interface_problems, read_interface
 from mha_verify.export.onnx_export import ExportError, as_bound, export_onnx, session_warnings
 from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset, newest_opset, supported_opsets
-from mha_verify.export.ort_target import available_providers
-from mha_verify.export.validation import validate_model
+from mha_verify.export_stage import export_stage
 from mha_verify.mha.reference import multi_head
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.registry import all_properties
+from mha_verify.properties.onnx_interface import interface_problems, read_interface
+from mha_verify.properties.ort_target import available_providers
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target, load_target
+from mha_verify.validation import validate_model
 
 FAST = settings(max_examples=30, derandomize=True, deadline=None, database=None)
 
@@ -274,8 +274,8 @@ def test_contrib_graph_is_labelled_and_validated_like_any_other(tmp_path: Path,
 
 
 def test_an_ort_session_is_a_target_with_declared_conventions(ts_model: Path) -> None:
-    from mha_verify.export.ort_target import ort_targets
-    from mha_verify.properties.targets import TargetError
+    from mha_verify.properties.ort_target import ort_targets
+    from mha_verify.properties.protocol import TargetError
 
     targets = ort_targets(ts_model, opt_levels=("opt-none", "opt-all"))
     assert [t.spec for t in targets] == [f"{ts_model.name}[cpu,opt-none]", f"{ts_model.name}[cpu,opt-all]"]

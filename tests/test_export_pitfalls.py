@@ -12,12 +12,12 @@ import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
-from mha_verify.export.interface import interface_problems, read_interface
 from mha_verify.export.onnx_export import export_onnx
 from mha_verify.export.opsets import newest_opset
-from mha_verify.export.validation import validate_model
 from mha_verify.export.wrapper import ExportWrapper
+from mha_verify.properties.onnx_interface import interface_problems, read_interface
 from mha_verify.properties.targets import load_target
+from mha_verify.validation import validate_model
 
 pytestmark = pytest.mark.slow
 CI = settings(max_examples=40, derandomize=True, deadline=None, database=None)

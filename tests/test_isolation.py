@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mha_verify.isolation import MIN_TIMEOUT, Limits
+from mha_verify.isolation import MIN_TIMEOUT, Limits, Task
+from mha_verify.properties.profiles import PROFILES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,26 +29,25 @@ def test_no_deadlock_when_the_target_runs_parallel_ops_at_import_and_init() -> N
     assert "timed out" not in proc.stdout and "1 passed" in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize(("kwargs", "seconds"), [
-    pytest.param({"profile": "quick", "max_examples": None}, MIN_TIMEOUT, id="quick"),
-    pytest.param({"profile": "ci", "max_examples": None}, 60.0, id="ci"),
-    pytest.param({"profile": "thorough", "max_examples": None}, 600.0, id="thorough"),
-    pytest.param({"profile": "ci", "max_examples": 500}, 300.0, id="max-examples"),
-    pytest.param({}, MIN_TIMEOUT, id="no-examples"),
+@pytest.mark.parametrize(("examples", "seconds"), [
+    pytest.param(PROFILES["quick"].max_examples, MIN_TIMEOUT, id="quick"),
+    pytest.param(PROFILES["ci"].max_examples, 60.0, id="ci"),
+    pytest.param(PROFILES["thorough"].max_examples, 600.0, id="thorough"),
+    pytest.param(500, 300.0, id="max-examples"),
+    pytest.param(None, MIN_TIMEOUT, id="no-examples"),
 ])
-def test_default_timeout_is_about_a_minute_and_scales_with_examples(kwargs: dict[str, object],
-                                                                    seconds: float) -> None:
-    assert Limits().timeout_for(("property_check", kwargs)) == pytest.approx(seconds)
+def test_default_timeout_is_about_a_minute_and_scales_with_examples(examples: int | None, seconds: float) -> None:
+    assert Limits().timeout_for(Task("p", "properties", "property_check", examples=examples)) == pytest.approx(seconds)
 
 
 def test_an_explicit_timeout_wins() -> None:
-    assert Limits(timeout=8).timeout_for(("property_check", {"profile": "thorough"})) == 8.0
+    assert Limits(timeout=8).timeout_for(Task("p", "properties", "property_check", examples=1000)) == 8.0
 
 
-def _property_task(name: str, target: str | None) -> tuple[str, str, tuple[str, dict[str, object]]]:
-    return (name, "properties", ("property_check", dict(
+def _property_task(name: str, target: str | None) -> Task:
+    return Task(name, "properties", "property_check", dict(
         spec=target, adapter=None, name=name, profile="ci", max_examples=3, database=None, seed=None,
-        replay=None)))
+        replay=None), examples=3)
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_two_workers_keep_the_order_of_the_tasks_and_a_crash_stays_in_its_task()
     started: list[str] = []
     # the last task ranks first: handed out first, reported last
     results = run_tasks(tasks, limits=Limits(timeout=120), jobs=2, progress=started.append,
-                        rank=lambda t: 0 if t[0] == "rows_sum_to_one" else 1)
+                        rank=lambda t: 0 if t.name == "rows_sum_to_one" else 1)
     assert started[0] == "properties/rows_sum_to_one"
     assert [r.name for r in results] == ["determinism", "oracle_agreement", "lk_equals_lv", "rows_sum_to_one"]
     verdicts = {r.name: r.verdict for r in results}
@@ -84,5 +84,6 @@ def test_an_export_task_gets_three_times_the_timeout_of_a_property() -> None:
     from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR
 
     assert EXPORT_TIMEOUT_FACTOR == 3.0
-    assert Limits().timeout_for(("export_checks", {"profile": "ci"})) == pytest.approx(3 * MIN_TIMEOUT)
-    assert Limits(timeout=8).timeout_for(("export_checks", {"profile": "ci"})) == 8.0
+    export = Task("export-dynamo", "export", "export_checks", examples=100, timeout_factor=EXPORT_TIMEOUT_FACTOR)
+    assert Limits().timeout_for(export) == pytest.approx(3 * MIN_TIMEOUT)
+    assert Limits(timeout=8).timeout_for(export) == 8.0

@@ -15,8 +15,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDa
 from mha_verify.gate import make_settings, seed_for
 from mha_verify.properties import profiles
 from mha_verify.properties.keyed_database import PrefixedDatabase, keyed
-from mha_verify.properties.registry import all_properties
 from mha_verify.properties.runner import run_property
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import load_target
 
 SEED_000 = f"{Path(__file__).resolve().parent / 'fixtures' / 'seed_000.py'}:MultiHeadAttention"

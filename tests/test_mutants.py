@@ -11,9 +11,9 @@ import torch
 
 from mha_verify.mha.reference import multi_head
 from mha_verify.properties import profiles
-from mha_verify.properties.adapters import find_adapter
-from mha_verify.properties.registry import all_properties
+from mha_verify.properties.adapter_registry import find_adapter
 from mha_verify.properties.runner import run_property
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target
 from tests.mutants import BOUNDARY_MUTANTS, CATALOG, _Explicit
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mha_verify.properties import profiles
-from mha_verify.properties.registry import all_properties
 from mha_verify.properties.runner import run_property
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import load_target
 
 PROPS = all_properties()

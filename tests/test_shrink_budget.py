@@ -13,8 +13,8 @@ from hypothesis import settings as Settings
 from hypothesis.database import InMemoryExampleDatabase
 
 from mha_verify.properties import profiles, runner
-from mha_verify.properties.registry import all_properties
 from mha_verify.properties.results import CheckResult
+from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target
 from tests.mutants import ScaleBySqrtDModel
 

@@ -35,8 +35,8 @@ from hypothesis import settings
 from torch import nn
 
 from mha_verify.cli import main
-from mha_verify.export.interface import read_interface
-from mha_verify.export.validation import validate_model
+from mha_verify.properties.onnx_interface import read_interface
+from mha_verify.validation import validate_model
 
 pytestmark = pytest.mark.slow
 D, H = 16, 4

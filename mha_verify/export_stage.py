@@ -1,6 +1,6 @@
 """The export stage of ``mha-verify check``: export a target once per configuration at a
 modest size, then validate each model: the property registry against each onnxruntime
-target variant, and onnxruntime against the eager module (:mod:`mha_verify.export.validation`).
+target variant, and onnxruntime against the eager module (:mod:`mha_verify.validation`).
 
 The default configurations — the dynamo exporter at its newest opset (which uses the ONNX
 ``Attention`` operator from opset 23) and the TorchScript exporter at its newest. Each model
@@ -32,9 +32,10 @@ from hypothesis import settings as Settings
 
 from mha_verify.export.onnx_export import ExportError, config_name, export_onnx
 from mha_verify.export.opsets import EXPORTERS, check_opset
-from mha_verify.export.validation import STAGE, validate_model
+from mha_verify.properties.protocol import TargetError
 from mha_verify.properties.results import CheckResult
-from mha_verify.properties.targets import Target, TargetError
+from mha_verify.properties.targets import Target
+from mha_verify.validation import STAGE, validate_model
 
 STAGE_D_MODEL, STAGE_N_HEAD = 16, 4
 UNOPTIMIZED_CHECKS = ("oracle_agreement", "fully_masked_rows", "ort_vs_eager")

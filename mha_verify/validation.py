@@ -1,10 +1,10 @@
 """Validate an ONNX model: the property registry against each (provider, optimization level)
-target variant, the differential check against the eager module, and the interface.
+target variant, the ``ort_vs_eager`` relation against the eager module, and the interface.
 
 Result names are ``<config>/interface``, ``<config>/<provider>/<opt>/<property>`` and
 ``<config>/<provider>/<opt>/ort_vs_eager``, stage ``export``. Every property runs through
-:func:`mha_verify.properties.runner.run_property`, the runner of eager targets; what a session cannot do
-is n/a by its conventions (:class:`mha_verify.export.ort_target.OrtAdapter`).
+:mod:`mha_verify.properties.runner`, the runner of eager targets; what a session cannot do is
+n/a by its conventions (:class:`mha_verify.properties.ort_target.OrtInstance`).
 
 Two ways to run: :func:`validate_model` in this process (the export stage and ``mha-verify
 export`` run inside the gate's worker or validate a file they just wrote), and
@@ -18,24 +18,37 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from hypothesis import settings as Settings
 
-from mha_verify.export.differential import NAME as DIFFERENTIAL
-from mha_verify.export.differential import differential_check
-from mha_verify.export.interface import Interface, interface_problems
-from mha_verify.export.ort_target import OPT_LEVELS, PROVIDERS, OrtModule, OrtTarget, load_eager, params_from_graph
-from mha_verify.export.repro_bundle import write_bundle
+from mha_verify.isolation import Task
 from mha_verify.mha.reference import multi_head
-from mha_verify.properties.registry import all_properties
+from mha_verify.properties import profiles
+from mha_verify.properties.onnx_interface import Interface, interface_problems, read_interface
+from mha_verify.properties.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
 from mha_verify.properties.results import CheckResult
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.targets import Bound
+from mha_verify.properties.runner import run_property, run_relation
+from mha_verify.properties.suite import all_properties, all_relations
+from mha_verify.properties.targets import Bound, Fixed, load_target, load_weights
+from mha_verify.repro_bundle import write_bundle
 
 STAGE = "export"
+DIFFERENTIAL = "ort_vs_eager"
+
+
+def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.PathLike[str] | None,
+               weight_seed: int = 0) -> Bound:
+    """The eager target at the model's sizes and dtype, with ``weights`` (a state_dict) if given.
+
+    Raises TargetError (a usage error) when it cannot be built or the weights do not fit.
+    """
+    assert info.d_model is not None and info.n_head is not None
+    bound = load_target(target_spec).build(info.d_model, info.n_head, seed=weight_seed, dtype=info.dtype)
+    if weights is not None:
+        load_weights(bound, weights, info.dtype)
+    return bound
 
 
 def interface_result(info: Interface, config: str) -> CheckResult:
@@ -48,19 +61,17 @@ def interface_result(info: Interface, config: str) -> CheckResult:
 
 def _bundle(result: CheckResult, target: OrtTarget, bundle_dir: str | os.PathLike[str]) -> CheckResult:
     """Write the last onnxruntime call of the shrunk counterexample as a bundle, held against the oracle."""
-    bound = target.build(*target.probe_sizes)
-    module = bound.module
-    assert isinstance(module, OrtModule)
-    if module.last is None:
+    instance = target.build(*target.probe_sizes)
+    if instance.last is None:
         return result
-    q, k, v, mask = module.last
+    q, k, v, mask = instance.last
     try:
-        feed = module.feed(q, k, v, mask)
+        feed = instance.feed(q, k, v, mask)
     except Exception:  # the failing call was one the model's interface refused: nothing to replay
         return result
-    expected, _ = multi_head(q, k, v, bound.params(), bound.n_head, mask)
+    expected, _ = multi_head(q, k, v, instance.params(), instance.n_head, mask)
     try:
-        actual: np.ndarray | None = module.session.run([module.info.output], feed)[0]
+        actual: np.ndarray | None = instance.session.run([instance.info.output], feed)[0]
     except Exception:
         actual = None
     folder = write_bundle(
@@ -79,9 +90,10 @@ def check_target(target: OrtTarget, check: str, *, settings: Settings, config: s
         if eager is None:
             result = CheckResult(DIFFERENTIAL, STAGE, "n/a", reason="no eager module: pass --target SPEC and --weights")
         else:
-            result = differential_check(target.build(*target.probe_sizes), eager, settings=settings, seed=seed)
+            result = run_relation(all_relations()[DIFFERENTIAL], target, Fixed(eager, "eager"), settings=settings,
+                                  seed=seed)
     else:
-        result = run_property(all_properties()[check], target, settings=settings, seed=seed)  # type: ignore[arg-type]
+        result = run_property(all_properties()[check], target, settings=settings, seed=seed)
     result = dataclasses.replace(result, name=f"{prefix}/{check}", stage=STAGE,
                                  details={**result.details, "provider": target.provider, "opt": target.opt})
     if result.failed and bundle_dir is not None and check != DIFFERENTIAL:
@@ -105,10 +117,8 @@ def validate_model(
 
     ``eager``: the module the model should compute (its weights are then the oracle's, and
     the differential check runs); without it the parameters are read from the graph.
-    Raises ModelError (export.interface) for a file that is not an attention model.
+    Raises ModelError (properties.onnx_interface) for a file that is not an attention model.
     """
-    from mha_verify.export.interface import read_interface
-
     info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head)
     config = name or info.config
     results = [interface_result(info, config)]
@@ -133,8 +143,8 @@ def validation_tasks(
     opt_levels: Sequence[str] = tuple(OPT_LEVELS), max_examples: int | None = None, database: str | None = None,
     seed: int | None = None, target_spec: str | None = None, weights: str | None = None, weight_seed: int = 0,
     mapping: dict[str, str] | None = None, bundle_dir: str | None = None, name: str | None = None,
-) -> list[tuple[str, str, tuple[str, dict[str, Any]]]]:
-    """The checks of :func:`validate_model` as ``(name, stage, task)`` for the gate's isolation path.
+) -> list[Task]:
+    """The checks of :func:`validate_model` as gate tasks for the isolation path.
 
     With ``weights`` (or a ``target_spec``) the eager target is loaded in the worker: its
     weights are the oracle's and the differential check runs.
@@ -145,8 +155,9 @@ def validation_tasks(
                   seed=seed, target_spec=target_spec, weights=weights, weight_seed=weight_seed,
                   mapping=mapping or {}, d_model=info.d_model, n_head=info.n_head, bundle_dir=bundle_dir,
                   config=config)
-    return [(f"{config}/{provider}/{opt}/{check}", STAGE,
-             ("onnx_check", dict(common, provider=provider, opt=opt, check=check)))
+    examples = max_examples or profiles.PROFILES[profile].max_examples
+    return [Task(f"{config}/{provider}/{opt}/{check}", STAGE, "onnx_check",
+                 dict(common, provider=provider, opt=opt, check=check), examples=examples)
             for provider in providers for opt in opt_levels for check in checks_for(eager)]
 
 
@@ -154,8 +165,6 @@ def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings:
                    target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
                    d_model: int | None, n_head: int | None, bundle_dir: str | None, config: str) -> CheckResult:
     """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
-    from mha_verify.export.interface import read_interface
-
     info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
     eager = None
     if weights is not None or target_spec is not None:

@@ -1,39 +1,34 @@
 """An onnxruntime session as a target: the property registry runs against ONNX models as it
-runs against eager modules (one engine, one runner, one isolation path).
+runs against eager modules (one protocol, one runner, one isolation path).
 
-* :class:`OrtModule` is an ``nn.Module`` whose forward runs ``session.run`` on numpy: q, k, v
-  (or x) and the mask are mapped to the model's input names, and the mask is converted to
-  the model's type (bool keep-mask or additive float), rank and static axes.
-* :class:`OrtAdapter` presents it to the harness: parameters from the graph's initializers
-  (:func:`mha_verify.export.interface.projection_weights`) or from a weights file through an eager
-  module, and conventions read from the model (:meth:`OrtAdapter.conventions`).
-* :class:`OrtTarget` is the target protocol (``spec``, ``probe_sizes``, ``build``): one per
+* :class:`OrtInstance` is the session's :class:`~mha_verify.properties.protocol.Instance`: q, k,
+  v (or x) and the mask are mapped to the model's input names, and the mask is converted to
+  the model's type (bool keep-mask or additive float), rank and static axes. Its parameters
+  are the graph's initializers (:func:`params_from_graph`) or an eager module's.
+* :class:`OrtTarget` is its :class:`~mha_verify.properties.protocol.Subject`: one per
   (provider, optimization level), a target *variant*; ``build`` returns the one session for
   the model's fixed sizes.
 
 What a session cannot do is n/a by declaration, not by failure: no gradients
-(``grads=False``: gradcheck, masked_grad_zero), no dropout to switch (``dropout=False``), no
-attention weights (``weights=False``); its sizes and dtype are fixed by the model
-(``sizes``, ``dtype``), and masks are generated only in the forms its mask input takes
-(``mask_forms``).
+(``grads=False``), no dropout to switch (``dropout=False``), no attention weights
+(``weights=False``), no torch modes (``torch_modes=False``); its sizes and dtype are fixed by
+the model (``sizes``, ``dtype``), and masks are generated only in the forms its mask input
+takes (``mask_forms``).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import torch
-from torch import nn
 
-from mha_verify.export.interface import Interface, ModelError, projection_weights, read_interface
 from mha_verify.mha.masks import additive_mask, keep_mask
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.adapters import Adapter, Conventions, NotApplicable
-from mha_verify.properties.targets import Bound, TargetError
+from mha_verify.properties.onnx_interface import Interface, ModelError, projection_weights, read_interface
+from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
 OPT_LEVELS = {"opt-none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -63,8 +58,8 @@ def make_session(path: str | os.PathLike[str], provider: str = "cpu", opt: str =
     return ort.InferenceSession(str(path), so, providers=[PROVIDERS[provider]])
 
 
-class OrtModule(nn.Module):
-    """``forward(q, k, v, mask=None) -> out (B, Lq, D)`` computed by an onnxruntime session.
+class OrtInstance:
+    """``instance(q, k, v, mask=None) -> out (B, Lq, D)`` computed by an onnxruntime session.
 
     q (B, Lq, D), k (B, Lk, D), v (B, Lk, D) in our convention; mask None, a bool keep-mask
     (True = may attend) or an additive float mask broadcasting to (B, H, Lq, Lk). A
@@ -74,15 +69,52 @@ class OrtModule(nn.Module):
     a model without one); onnxruntime's own errors propagate (they are the finding).
     """
 
-    def __init__(self, info: Interface, session: ort.InferenceSession) -> None:
-        super().__init__()
+    def __init__(self, info: Interface, session: ort.InferenceSession, params: MHAParams) -> None:
+        assert info.d_model is not None and info.n_head is not None
         self.info = info
         self.session = session
+        self._params = params
         self._np_dtype = {torch.float32: np.float32, torch.float16: np.float16,
                           torch.float64: np.float64}[info.dtype]
         # the inputs of the last call, in our convention: a failed check's reproduction bundle
         # replays the last call of its shrunk counterexample (Hypothesis runs that one last)
         self.last: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self._conventions = self._read_conventions()
+
+    @property
+    def d_model(self) -> int:
+        assert self.info.d_model is not None
+        return self.info.d_model
+
+    @property
+    def n_head(self) -> int:
+        assert self.info.n_head is not None
+        return self.info.n_head
+
+    @property
+    def conventions(self) -> Conventions:
+        return self._conventions
+
+    def _read_conventions(self) -> Conventions:
+        """Read from the model's interface: mask type and forms, self-attention, sizes, dtype.
+
+        ``fully_masked`` and ``causal`` are the model's declaration (mha-verify's metadata
+        entries) if it has them, else our contract ("zeros", not causal): a foreign model is
+        held to the contract.
+        """
+        info = self.info
+        forms = info.mask_forms if info.mask is not None else Conventions().mask_forms
+        return Conventions(
+            mask=info.mask_types, mask_forms=forms,
+            cross_attention=not info.self_attention, weights=False,
+            fully_masked=info.metadata.get("fully_masked", "zeros"), causal=info.metadata.get("causal") == "true",
+            grads=False, dropout=False, torch_modes=False,
+            sizes=(self.d_model, self.n_head), dtype=info.dtype,
+            notes=(f"onnxruntime session on {info.path.name}",),
+        )
+
+    def params(self) -> MHAParams:
+        return self._params
 
     def _mask_feed(self, mask: torch.Tensor | None, B: int, Lq: int, Lk: int) -> np.ndarray:
         """The mask in the model's type, rank and static axes (all-keep when ``mask`` is None)."""
@@ -147,56 +179,25 @@ class OrtModule(nn.Module):
         out[self.info.mask.name] = self._mask_feed(mask, q.shape[0], q.shape[1], k.shape[1])
         return out
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
         self.last = (q, k, v, mask)
         got = self.session.run([self.info.output], self.feed(q, k, v, mask))[0]
         return torch.from_numpy(np.asarray(got))
 
+    def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotApplicable("an onnxruntime session does not return attention weights")
 
-class OrtAdapter(Adapter):
-    """The adapter of :class:`OrtModule`s; their parameters come with the module (``params``)."""
-
-    name = "onnxruntime"
-    description = "an onnxruntime session on an attention ONNX model (export.ort_target.OrtTarget)"
-
-    def __init__(self, params: MHAParams) -> None:
-        self._params = params
-
-    def matches(self, module: nn.Module) -> bool:
-        return isinstance(module, OrtModule)
-
-    def conventions(self, module: nn.Module) -> Conventions:
-        """Read from the model's interface: mask type and forms, self-attention, sizes, dtype.
-
-        ``fully_masked`` and ``causal`` are the model's declaration (mha-verify's metadata
-        entries) if it has them, else our contract ("zeros", not causal): a foreign model is
-        held to the contract.
-        """
-        assert isinstance(module, OrtModule)
-        info = module.info
-        assert info.d_model is not None and info.n_head is not None
-        mask_args: dict[str, object] = {"mask": info.mask_types}
-        if info.mask is not None:
-            mask_args["mask_forms"] = info.mask_forms
-        return Conventions(
-            **mask_args,  # type: ignore[arg-type]
-            cross_attention=not info.self_attention, weights=False,
-            fully_masked=info.metadata.get("fully_masked", "zeros"), causal=info.metadata.get("causal") == "true",
-            grads=False, dropout=False, torch_modes=False,
-            sizes=(info.d_model, info.n_head), dtype=info.dtype,
-            notes=(f"onnxruntime session on {info.path.name}",),
-        )
-
-    def params(self, module: nn.Module) -> MHAParams:
-        return self._params
-
-    def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             mask: torch.Tensor | None) -> torch.Tensor:
-        return module(q, k, v, mask)
-
-    def set_dropout(self, module: nn.Module, p: float) -> bool:
+    def set_dropout(self, p: float) -> bool:
         return False
+
+    def set_training(self, mode: bool) -> None:
+        """A session computes the same in any mode (``torch_modes=False``)."""
+
+    def fresh(self) -> OrtInstance:
+        """The same session (it keeps no state between runs) with its own copy of the parameters."""
+        return OrtInstance(self.info, self.session, self._params.to(self._params.w_q.dtype))
 
 
 def params_from_graph(info: Interface) -> MHAParams:
@@ -209,36 +210,13 @@ def params_from_graph(info: Interface) -> MHAParams:
     return MHAParams(t["w_q"], t.get("b_q"), t["w_k"], t.get("b_k"), t["w_v"], t.get("b_v"), t["w_o"], t.get("b_o"))
 
 
-def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.PathLike[str] | None,
-               weight_seed: int = 0) -> Bound:
-    """The eager target at the model's sizes and dtype, with ``weights`` (a state_dict) if given.
-
-    Raises TargetError (a usage error) when it cannot be built or the weights do not fit.
-    """
-    from mha_verify.properties.targets import load_target
-
-    assert info.d_model is not None and info.n_head is not None
-    bound = load_target(target_spec).build(info.d_model, info.n_head, seed=weight_seed, dtype=info.dtype)
-    if weights is not None:
-        path = Path(weights)
-        if not path.is_file():
-            raise TargetError(f"weights file {str(path)!r} does not exist")
-        try:
-            bound.module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-        except Exception as exc:
-            raise TargetError(f"cannot load weights {str(path)!r}: {type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
-        bound.module.to(info.dtype).eval()
-    return bound
-
-
 @dataclass
 class OrtTarget:
-    """One (model, provider, optimization level): a target behind the runner's protocol.
+    """One (model, provider, optimization level): the session's Subject.
 
-    ``build`` returns the same session-backed Bound for the model's own (d_model, n_head),
-    whatever ``seed`` (the weights are the model's); ``dtype`` is ignored, the session
-    computes in the model's dtype (the runner asks for it through ``Conventions.dtype``).
+    ``build`` returns the same instance for the model's own (d_model, n_head), whatever
+    ``seed`` (the weights are the model's); ``dtype`` is ignored, the session computes in the
+    model's dtype (the runner asks for it through ``Conventions.dtype``).
     """
 
     info: Interface
@@ -251,7 +229,7 @@ class OrtTarget:
         if self.info.d_model is None or self.info.n_head is None:
             raise ModelError(f"cannot tell d_model and n_head of {self.info.path.name} "
                              f"(d_model={self.info.d_model}, n_head={self.info.n_head}); pass --d-model and --n-head")
-        self._bound: Bound | None = None
+        self._instance: OrtInstance | None = None
 
     @property
     def spec(self) -> str:
@@ -262,16 +240,14 @@ class OrtTarget:
         assert self.info.d_model is not None and self.info.n_head is not None
         return (self.info.d_model, self.info.n_head)
 
-    def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Bound:
+    def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> OrtInstance:
         if (d_model, n_head) != self.probe_sizes:
             raise TargetError(f"{self.spec} is fixed to (d_model, n_head)={self.probe_sizes}; "
                               f"asked for ({d_model}, {n_head})")
-        if self._bound is None:
+        if self._instance is None:
             session = make_session(self.info.path, self.provider, self.opt, threads=self.threads)
-            module = OrtModule(self.info, session)
-            bound: Bound = Bound(module, OrtAdapter(self.params), d_model, n_head, lambda: bound)
-            self._bound = bound
-        return self._bound
+            self._instance = OrtInstance(self.info, session, self.params)
+        return self._instance
 
 
 def ort_targets(path: str | os.PathLike[str], *, providers: tuple[str, ...] | list[str] = ("cpu",),

@@ -1,0 +1,6 @@
+"""The exit codes of every ``mha-verify`` subcommand, in one place (the README's "Exit codes")."""
+
+EXIT_OK = 0  # every check passed (or was declared, warned or not applicable, with at least one pass)
+EXIT_FAIL = 1  # a check failed, or nothing was verified
+EXIT_USAGE = 2  # a usage or input error: one line on stderr, no traceback, no partial file
+EXIT_INTERRUPTED = 130  # interrupted by the user (SIGINT)

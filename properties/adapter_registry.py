@@ -1,0 +1,124 @@
+"""The ordered registry of adapters: which adapter sees a layer, and how users add their own.
+
+Automatic selection asks each registered adapter in order whether it ``matches`` a layer;
+the first that does is used. The built-in order: the exact adapters (torch MHA, then the
+seeds' and our naming), then those that recognize library layers by structure
+(``properties.adapters_structure``).
+
+Users extend it three ways: ``--adapter pkg.mod:Name`` (or ``path/to/file.py:Name``) for one
+run; :func:`register` from their own code; or an entry point in the group
+``mha_verify.adapters`` (its object an Adapter subclass or instance), registered before the
+built-in structural adapters so that a package's own adapter wins over a guess by structure.
+"""
+
+from __future__ import annotations
+
+import inspect
+from importlib.metadata import entry_points
+
+from torch import nn
+
+from mha_verify.properties.adapters import (
+    Adapter,
+    LinearQKVAdapter,
+    QKVAdapter,
+    QueryKeyValueAdapter,
+    TorchMHAAdapter,
+)
+from mha_verify.properties.adapters_structure import STRUCTURAL
+from mha_verify.properties.loading import load_attr
+from mha_verify.properties.protocol import Conventions, TargetError
+
+ENTRY_POINT_GROUP = "mha_verify.adapters"
+
+_EXACT: tuple[Adapter, ...] = (TorchMHAAdapter(), QKVAdapter(), QueryKeyValueAdapter(), LinearQKVAdapter())
+_REGISTRY: list[Adapter] = [*_EXACT, *STRUCTURAL]
+_entry_points_loaded = False
+
+
+def _checked(obj: object, source: str) -> Adapter:
+    """An Adapter instance from ``obj`` (a subclass is instantiated), its declaration checked now:
+    an unknown key is a usage error up front, not a failure of every property."""
+    if inspect.isclass(obj) and issubclass(obj, Adapter):
+        obj = obj()
+    if not isinstance(obj, Adapter):
+        raise ValueError(f"{source} is a {type(obj).__name__}, not a mha_verify.properties.adapters.Adapter subclass")
+    if obj.mha_verify_conventions:
+        Conventions().declare(obj.mha_verify_conventions, source=f"{type(obj).__name__}.mha_verify_conventions")
+    return obj
+
+
+def register(adapter: Adapter | type[Adapter], *, first: bool = False) -> Adapter:
+    """Add ``adapter`` to automatic selection: before every built-in adapter with ``first``, else
+    before the structural ones (after the exact ones). ValueError if its name is taken."""
+    obj = _checked(adapter, f"register({adapter!r})")
+    if any(a.name == obj.name for a in _REGISTRY):
+        raise ValueError(f"an adapter named {obj.name!r} is registered already")
+    _REGISTRY.insert(0 if first else len(_EXACT), obj)
+    return obj
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            register(ep.load())
+        except Exception as exc:
+            raise ValueError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {type(exc).__name__}: "
+                             f"{exc}") from None
+
+
+def adapters() -> tuple[Adapter, ...]:
+    """Every registered adapter, in matching order."""
+    _load_entry_points()
+    return tuple(_REGISTRY)
+
+
+_LOADED: dict[str, Adapter] = {}
+
+
+def load_adapter(spec: str) -> Adapter:
+    """A user's adapter from ``pkg.mod:Name`` or ``path/to/file.py:Name``: an Adapter subclass
+    (instantiated without arguments) or instance, loaded once. ValueError naming what is wrong."""
+    if spec not in _LOADED:
+        try:
+            obj = load_attr(spec)
+        except TargetError as exc:
+            raise ValueError(f"--adapter {spec}: {exc}") from None
+        adapter = _checked(obj, f"--adapter {spec}")
+        if adapter.name == "base":
+            adapter.name = spec.rpartition(":")[2]
+        _LOADED[spec] = adapter
+    return _LOADED[spec]
+
+
+def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
+    """The adapter named ``name`` (a registered name, or ``pkg.mod:Name`` for a user's), or the
+    first whose structure ``module`` matches.
+
+    Raises ValueError naming the known adapters when none applies.
+    """
+    known = adapters()
+    if name is not None and name != "auto":
+        if ":" in name:
+            return load_adapter(name)
+        by_name = {a.name: a for a in known}
+        if name not in by_name:
+            raise ValueError(f"unknown adapter {name!r}; known: {', '.join(by_name)} or pkg.mod:YourAdapter")
+        return by_name[name]
+    for adapter in known:
+        if adapter.matches(module):
+            return adapter
+    raise ValueError(
+        f"no adapter recognizes {type(module).__name__} (its children: "
+        f"{', '.join(n for n, _ in module.named_children()) or 'none'}); known adapters: "
+        + ", ".join(f"{a.name} ({a.description})" for a in known)
+    )
+
+
+def names() -> tuple[str, ...]:
+    """The registered adapters' names, in matching order (for --adapter's help)."""
+    return tuple(a.name for a in adapters())

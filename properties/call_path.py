@@ -1,0 +1,86 @@
+"""The one call path: every call of a target by a property goes through :class:`Checked`.
+
+The runner hands each property its instance wrapped here, so the output contract is checked
+in one place for every property, eager module and onnxruntime session alike (as PyTorch's
+OpInfo harness checks every operator's outputs in one place rather than per test):
+
+* the output of ``instance(q, k, v, mask)`` is a tensor of shape (B, Lq, D);
+* the weights of ``with_weights`` are (B, H, Lq, Lk).
+
+A breach is a :class:`~mha_verify.properties.measure.Violation` named "output contract", its
+own failure, never mistaken for a numeric one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.measure import Violation
+from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
+
+
+def _output(out: object, q: torch.Tensor, d_model: int) -> torch.Tensor:
+    __tracebackhide__ = True
+    if not isinstance(out, torch.Tensor):
+        raise Violation(f"output contract: the target returned {type(out).__name__}, not a tensor")
+    want = (q.shape[0], q.shape[1], d_model)
+    if tuple(out.shape) != want:
+        raise Violation(f"output contract: output shape {tuple(out.shape)}, but should be (B, Lq, D) = {want}")
+    return out
+
+
+class Checked:
+    """An :class:`~mha_verify.properties.protocol.Instance` whose every call is checked against
+    the output contract; everything else is the wrapped instance's."""
+
+    def __init__(self, inner: Instance) -> None:
+        self.inner = inner
+
+    @property
+    def d_model(self) -> int:
+        return self.inner.d_model
+
+    @property
+    def n_head(self) -> int:
+        return self.inner.n_head
+
+    @property
+    def conventions(self) -> Conventions:
+        return self.inner.conventions
+
+    def params(self) -> MHAParams:
+        return self.inner.params()
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        return _output(self.inner(q, k, v, mask), q, self.d_model)
+
+    def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        out, weights = self.inner.with_weights(q, k, v, mask)
+        want = (q.shape[0], self.n_head, q.shape[1], k.shape[1])
+        if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != want:
+            got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+            raise Violation(f"output contract: attention weights {got}, but should be (B, H, Lq, Lk) = {want}")
+        return _output(out, q, self.d_model), weights
+
+    def set_dropout(self, p: float) -> bool:
+        return self.inner.set_dropout(p)
+
+    def set_training(self, mode: bool) -> None:
+        self.inner.set_training(mode)
+
+    def fresh(self) -> Checked:
+        return Checked(self.inner.fresh())
+
+
+def weights_if_any(instance: Instance, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``instance.with_weights(...)`` where the target can give weights, else None."""
+    if not instance.conventions.weights:
+        return None
+    try:
+        return instance.with_weights(q, k, v, mask)
+    except NotApplicable:
+        return None

@@ -1,0 +1,59 @@
+"""Load what a user names on the command line: ``package.module:Attr`` or ``path/to/file.py:Attr``."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from mha_verify.properties.protocol import TargetError
+
+
+def load_attr(spec: str) -> object:
+    """The object ``spec`` names: ``package.module:Attr`` (dotted attributes allowed) or
+    ``path/to/file.py:Attr``; TargetError (a usage error) naming what is wrong.
+
+    A file is imported under a private module name with its own folder on sys.path while it
+    runs, so that it imports its siblings as ``python path/file.py`` would let it.
+    """
+    if ":" not in spec:
+        raise TargetError(f"target {spec!r} must look like package.module:Attr or path/to/file.py:Attr")
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise TargetError(f"target {spec!r} must look like package.module:Attr or path/to/file.py:Attr")
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        path = Path(where)
+        if not path.is_file():
+            raise TargetError(f"target file {where!r} does not exist")
+        name = f"_mha_verify_target_{abs(hash(str(path.resolve())))}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise TargetError(f"target file {where!r} cannot be imported as Python")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        # the file's directory on sys.path while it is imported, so that it imports its siblings
+        # (``from layers import Block`` next to model.py), as ``python path/file.py`` would allow
+        folder = str(path.resolve().parent)
+        added = folder not in sys.path
+        if added:
+            sys.path.insert(0, folder)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise TargetError(f"importing {where!r} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            if added and folder in sys.path:
+                sys.path.remove(folder)
+    else:
+        try:
+            module = importlib.import_module(where)
+        except Exception as exc:
+            raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}") from None
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TargetError(f"{where!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,230 @@
+"""The target protocol: what every target of the harness is, eager module or onnxruntime session.
+
+A :class:`Subject` is something to verify (a module class, a factory, an ONNX model in one
+provider and optimization level); ``build`` gives an :class:`Instance` at given sizes, which
+is what a property calls. Both are typing Protocols: an implementation subclasses nothing and
+mypy checks it against them (``properties.targets`` for eager modules,
+``properties.ort_target`` for onnxruntime sessions).
+
+Calling convention of every instance, ours:
+
+    instance(q (B, Lq, D), k (B, Lk, D), v (B, Lk, D), mask) -> output (B, Lq, D)
+
+with ``mask`` None, a bool keep-mask (True = may attend) or an additive float mask,
+broadcasting to (B, H, Lq, Lk). A call the target cannot express raises
+:class:`NotApplicable`: the example compared nothing, it is neither pass nor fail.
+
+This module depends on nothing of the harness: only on torch and the mask vocabulary of
+``mha.masks`` (the layer below everything).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+from mha_verify.mha.masks import FULLY_MASKED, MASK_FORMS
+
+if TYPE_CHECKING:
+    from mha_verify.mha.reference import MHAParams
+
+
+class NotApplicable(Exception):  # noqa: N818 -- a verdict, not an error
+    """The target cannot express this call (no mask argument, self-attention only, ...)."""
+
+
+class TargetError(Exception):
+    """A target cannot be loaded or built as asked (a usage error: exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """What a target supports and how it behaves, as its adapter found it or its author declared it.
+
+    The runner decides from these, before a property runs, whether the property applies.
+
+    mask: the mask types the target takes natively, a subset of {"bool", "float"}; empty
+        when its forward takes no mask.
+    mask_forms: the mask shapes it accepts, a subset of :data:`mha.masks.MASK_FORMS`.
+    cross_attention: False for self-attention-only targets (forward(x)).
+    weights: True if the target can return attention weights (B, H, Lq, Lk).
+    fully_masked: what a fully masked query row gives (:data:`mha.masks.FULLY_MASKED`):
+        "zeros" (our contract: w_o(0) = b_o), "uniform" (weights 1/Lk over all keys, as layers
+        that mask with finfo.min compute) or "nan" (e.g. torch.nn.MultiheadAttention);
+        declared, never inferred from outputs.
+    causal: the target applies a causal mask itself (query i sees keys j <= i).
+    grads: gradients can be taken through it (False for an onnxruntime session).
+    dropout: it has a dropout probability the harness can set (False: none, or not settable).
+    sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
+    dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
+    kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
+    torch_modes: torch's inference mode and training mode reach the computation (False for an
+        onnxruntime session: it computes the same whatever torch's modes).
+    notes: the conventions in words, printed in the report.
+    """
+
+    mask: frozenset[str] = frozenset({"bool", "float"})
+    mask_forms: frozenset[str] = frozenset(MASK_FORMS)
+    cross_attention: bool = True
+    weights: bool = False
+    fully_masked: str = "zeros"
+    causal: bool = False
+    grads: bool = True
+    dropout: bool = True
+    sizes: tuple[int, int] | None = None
+    dtype: torch.dtype | None = None
+    kv_heads: int | None = None
+    torch_modes: bool = True
+    notes: tuple[str, ...] = field(default=())
+
+    def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
+        """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
+
+        Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
+        negation), weights, fully_masked, causal, grads, dropout, kv_heads.
+        """
+        changes: dict[str, object] = {}
+        for key, value in declaration.items():
+            if key not in _DECLARABLE:
+                raise ValueError(f"{source}: unknown convention {key!r}; known: {', '.join(sorted(_DECLARABLE))}")
+            name, parse = _DECLARABLE[key]
+            try:
+                changes[name] = parse(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{source}: {key}={value!r}: {exc}") from None
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """One line: the conventions a verdict was reached under."""
+        mask = "/".join(sorted(self.mask)) or "none"
+        parts = [f"mask {mask}" + ("" if not self.mask or self.mask_forms == frozenset(MASK_FORMS)
+                                   else f" ({', '.join(sorted(self.mask_forms))})"),
+                 "cross-attention" if self.cross_attention else "self-attention",
+                 f"fully masked rows -> {self.fully_masked}"]
+        if self.causal:
+            parts.append("causal")
+        if self.kv_heads:
+            parts.append(f"{self.kv_heads} kv heads")
+        if self.sizes:
+            parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
+        if self.dtype is not None:
+            parts.append(str(self.dtype).replace("torch.", ""))
+        return "; ".join(parts + list(self.notes))
+
+
+def _subset(allowed: tuple[str, ...]) -> Callable[[object], frozenset[str]]:
+    def parse(value: object) -> frozenset[str]:
+        if not isinstance(value, (str, tuple, list, set, frozenset)):
+            raise TypeError("expected a name or a collection of names")
+        items = (value,) if isinstance(value, str) else tuple(value)
+        bad = [v for v in items if v not in allowed]
+        if bad:
+            raise ValueError(f"expected a subset of {allowed}")
+        return frozenset(items)
+    return parse
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("expected True or False")
+    return value
+
+
+def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:
+    def parse(value: object) -> str:
+        if value not in allowed:
+            raise ValueError(f"expected one of {allowed}")
+        return str(value)
+    return parse
+
+
+def _positive_or_none(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("expected a positive int or None")
+    return value
+
+
+_DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
+    "mask": ("mask", _subset(("bool", "float"))),
+    "mask_forms": ("mask_forms", _subset(MASK_FORMS)),
+    "cross_attention": ("cross_attention", _flag),
+    "self_attention": ("cross_attention", lambda v: not _flag(v)),
+    "weights": ("weights", _flag),
+    "fully_masked": ("fully_masked", _choice(FULLY_MASKED)),
+    "causal": ("causal", _flag),
+    "grads": ("grads", _flag),
+    "dropout": ("dropout", _flag),
+    "kv_heads": ("kv_heads", _positive_or_none),
+}
+
+
+class Instance(Protocol):
+    """One built target at fixed sizes and weights: what a property calls.
+
+    ``params()`` are its projection weights in nn.Linear's (out, in) layout, the oracle's
+    input; where they are the target's own tensors, editing them in place edits the target
+    (head isolation relies on it, on a ``fresh`` instance).
+    """
+
+    @property
+    def d_model(self) -> int: ...
+
+    @property
+    def n_head(self) -> int: ...
+
+    @property
+    def conventions(self) -> Conventions: ...
+
+    def params(self) -> MHAParams: ...
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
+        """q (B, Lq, D), k (B, Lk, D), v (B, Lk, D), our mask convention -> (B, Lq, D)."""
+        ...
+
+    def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``__call__``, also returning the weights (B, H, Lq, Lk); NotApplicable if it cannot."""
+        ...
+
+    def set_dropout(self, p: float) -> bool:
+        """Set every dropout probability to ``p``; False if the target has none it can set."""
+        ...
+
+    def set_training(self, mode: bool) -> None:
+        """Training mode on or off (eval); a no-op where torch's modes do not reach the target."""
+        ...
+
+    def fresh(self) -> Instance:
+        """A new, independent instance as this one was built: the same weights, no state from
+        earlier calls (editing one's weights leaves the other's alone)."""
+        ...
+
+
+class Subject(Protocol):
+    """Something to verify: builds instances at the sizes a property draws.
+
+    ``spec`` names it in reports and example-database keys; ``probe_sizes`` is a size it can
+    always be built at (its fixed sizes, for an exported model), where the runner reads its
+    conventions before a property runs.
+    """
+
+    @property
+    def spec(self) -> str: ...
+
+    @property
+    def probe_sizes(self) -> tuple[int, int]: ...
+
+    def build(self, d_model: int, n_head: int, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Instance:
+        """An instance at (d_model, n_head), weights drawn from ``seed`` where the target's are not
+        fixed, computing in ``dtype`` where it can; TargetError if it cannot be built."""
+        ...
+
+
+__all__ = ["Conventions", "Instance", "NotApplicable", "Subject", "TargetError"]
