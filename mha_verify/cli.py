@@ -133,11 +133,12 @@ def run_check(args: argparse.Namespace) -> int:
     from mha_verify import baseline, report_html, report_json, report_junit, report_text
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS
-    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, Task, default_jobs, run_tasks
+    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, run_tasks
     from mha_verify.properties import profiles
     from mha_verify.properties.protocol import TargetError
     from mha_verify.properties.suite import select
     from mha_verify.properties.targets import load_target
+    from mha_verify.tasks import Task
 
     try:
         profile = profiles.profile_name(args.profile)

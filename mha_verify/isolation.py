@@ -44,30 +44,13 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
 from mha_verify.properties.results import CheckResult
-
-
-@dataclass(frozen=True)
-class Task:
-    """One unit of the gate's work: ``mha_verify.gate.<fn>(**kwargs)``, reported as ``name`` in ``stage``.
-
-    ``examples``: the Hypothesis examples it runs (its timeout grows with them; None: the
-    profile's count); ``timeout_factor``: a multiple of that timeout, for tasks that do more
-    than run examples (an export and the validation of its model).
-    """
-
-    name: str
-    stage: str
-    fn: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    examples: int | None = None
-    timeout_factor: float = 1.0
-
+from mha_verify.tasks import Task
 
 PRELOAD = ["torch", "mha_verify.gate"]  # imported once by the fork server, inherited by each worker
 

@@ -23,7 +23,6 @@ import numpy as np
 import torch
 from hypothesis import settings as Settings
 
-from mha_verify.isolation import Task
 from mha_verify.mha.reference import multi_head
 from mha_verify.properties import profiles
 from mha_verify.properties.onnx_interface import Interface, interface_problems, read_interface
@@ -33,6 +32,7 @@ from mha_verify.properties.runner import run_property, run_relation
 from mha_verify.properties.suite import all_properties, all_relations
 from mha_verify.properties.targets import Bound, Fixed, load_target, load_weights
 from mha_verify.repro_bundle import write_bundle
+from mha_verify.tasks import Task
 
 STAGE = "export"
 DIFFERENTIAL = "ort_vs_eager"
