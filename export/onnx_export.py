@@ -60,12 +60,12 @@ class ExportInfo:
     seconds: float
 
     @property
-    def config(self) -> str:
+    def label(self) -> str:
         """e.g. ``dynamo-opset23-float32``, the prefix of validation check names."""
-        return config_name(self.exporter, self.opset, self.dtype)
+        return model_label(self.exporter, self.opset, self.dtype)
 
 
-def config_name(exporter: str, opset: int, dtype: torch.dtype) -> str:
+def model_label(exporter: str, opset: int, dtype: torch.dtype) -> str:
     return f"{exporter}-opset{opset}-{str(dtype).replace('torch.', '')}"
 
 
@@ -308,5 +308,14 @@ def export_onnx(
     return ExportInfo(Path(path), exporter, opset, dtype, bound.d_model, bound.n_head, time.perf_counter() - start)
 
 
-__all__ = ["ATTENTION_OP_OPSET", "DTYPES", "GRAPHS", "ExportError", "ExportInfo", "as_bound", "config_name",
-           "export_onnx", "session_warnings"]
+__all__ = [
+    "ATTENTION_OP_OPSET",
+    "DTYPES",
+    "GRAPHS",
+    "ExportError",
+    "ExportInfo",
+    "as_bound",
+    "export_onnx",
+    "model_label",
+    "session_warnings",
+]

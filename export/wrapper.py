@@ -7,9 +7,9 @@ The graph's interface (what :func:`mha_verify.export.onnx_export.export_onnx` wr
 * ``mask``: a **bool keep-mask** (True = this query may attend to this key) of rank 4 whose
   every axis is either 1 or the full size of (B, H, Lq, Lk); a real, required graph input
   that every binding's ``get_inputs()`` lists. "No mask" is a (1, 1, 1, 1) True tensor.
-  The former overridable initializer (a default mask of the same name) hid the input from
-  ``get_inputs()`` and made every session log "Initializer mask appears in graph inputs";
-  a caller feeding inputs positionally silently ran unmasked.
+  It is not an overridable initializer: that would hide it from ``get_inputs()``, make every
+  session log "Initializer mask appears in graph inputs", and let a caller feeding inputs
+  positionally run unmasked without knowing.
   Deployments that never mask export a **mask-free graph** instead (``mask_input=False``,
   ``mha-verify export --no-mask-input``): inputs q, k, v only, and no mask work at run time
   (BENCHMARKS.md measures what an all-True mask costs against it).

@@ -162,7 +162,7 @@ def run_check(args: argparse.Namespace) -> int:
     except (ValueError, TargetError, OSError) as exc:
         raise UsageError(str(exc)) from None
     print(f"mha-verify {__version__}: checking {target.spec} with profile {profile}", file=sys.stderr)
-    common = dict(spec=args.target, adapter=args.adapter, profile=profile, max_examples=args.max_examples,
+    common = dict(target_spec=args.target, adapter=args.adapter, profile=profile, max_examples=args.max_examples,
                   database=args.database)
     examples = args.max_examples or profiles.PROFILES[profile].max_examples
     tasks = [Task(p.name, "properties", "property_check", dict(

@@ -78,10 +78,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         return _usage(str(exc))
     try:
         with atomic_path(out) as tmp:
-            info = export_onnx(bound, tmp, exporter=args.exporter, opset=opset, dtype=dtype, target_spec=target.spec,
-                               mask_input=not args.no_mask_input, graph=args.graph)
+            exported = export_onnx(bound, tmp, exporter=args.exporter, opset=opset, dtype=dtype,
+                                   target_spec=target.spec, mask_input=not args.no_mask_input, graph=args.graph)
             results = validate_model(tmp, eager=bound, settings=settings, bundle_dir=args.bundle_dir,
-                                     name=info.config)
+                                     name=exported.label)
             print(format_results(results))
             if any(r.failed for r in results):
                 raise _Abort
@@ -132,7 +132,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
                              bundle_dir=args.bundle_dir)
     limits = Limits(timeout=args.timeout) if args.isolate else None
-    results = [interface_result(info, info.config), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
+    results = [interface_result(info, info.label), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(format_results(results))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 

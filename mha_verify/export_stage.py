@@ -8,9 +8,9 @@ gets the whole registry (and ``ort_vs_eager``) at onnxruntime's full optimizatio
 graph deployments run, and only :data:`UNOPTIMIZED_CHECKS` with optimizations off: the
 optimization level changes which kernels and fusions compute the function (its numbers,
 fully masked rows), not the graph's structure that the symmetry and masking invariants are
-about. The whole registry at both levels took 78 s in the ci profile on the shared 2-core
-machine (13 s of it the two exports); ``mha-verify validate`` runs it at both.
-Ask for more with ``opsets`` and ``dtypes``.
+about, and the whole registry at both levels costs about six times the two exports (78 s
+against 13 s at ci on 2 cores). ``mha-verify validate`` runs it at both. Ask for more with
+``opsets`` and ``dtypes``.
 
 Each check here runs half the profile's examples (:data:`EXAMPLES_SHARE`; 50 at ``ci``, of
 which 32 sweep the length and batch boundaries): an exported model is fixed in d_model, n_head
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from hypothesis import settings as Settings
 
-from mha_verify.export.onnx_export import ExportError, config_name, export_onnx
+from mha_verify.export.onnx_export import ExportError, export_onnx, model_label
 from mha_verify.export.opsets import EXPORTERS, check_opset
 from mha_verify.properties.protocol import TargetError
 from mha_verify.properties.results import CheckResult
@@ -60,7 +60,7 @@ def export_stage(
 
     ``opsets`` entries of None mean the exporter's newest; an opset an exporter cannot
     write gives an "n/a" result for that exporter. An export that fails gives a failed
-    ``<config>/export`` result (the target cannot be deployed that way) and no validation.
+    ``<label>/export`` result (the target cannot be deployed that way) and no validation.
     """
     results: list[CheckResult] = []
     settings = Settings(settings, max_examples=max(1, math.ceil(settings.max_examples * EXAMPLES_SHARE)))
@@ -73,28 +73,28 @@ def export_stage(
                     results.append(CheckResult(f"{exporter}-opset{opset}/export", STAGE, "n/a", reason=str(exc)))
                     continue
                 for dtype in dtypes:
-                    config = config_name(exporter, real_opset, dtype)
+                    label = model_label(exporter, real_opset, dtype)
                     try:
                         bound = target.build(d_model, n_head, seed=seed, dtype=dtype)
                     except TargetError as exc:
-                        results.append(CheckResult(f"{config}/export", STAGE, "fail", reason=str(exc)))
+                        results.append(CheckResult(f"{label}/export", STAGE, "fail", reason=str(exc)))
                         continue
                     if progress:
-                        progress(f"{config} (export, then validation)")
-                    path = Path(tmp) / f"{config}.onnx"
+                        progress(f"{label} (export, then validation)")
+                    path = Path(tmp) / f"{label}.onnx"
                     start = time.perf_counter()
                     try:
-                        info = export_onnx(bound, path, exporter=exporter, opset=real_opset, dtype=dtype,
+                        exported = export_onnx(bound, path, exporter=exporter, opset=real_opset, dtype=dtype,
                                            target_spec=target.spec)
                     except ExportError as exc:
-                        results.append(CheckResult(f"{config}/export", STAGE, "fail",
+                        results.append(CheckResult(f"{label}/export", STAGE, "fail",
                                                    seconds=time.perf_counter() - start, reason=str(exc)))
                         continue
-                    results.append(CheckResult(f"{config}/export", STAGE, "pass", seconds=info.seconds,
+                    results.append(CheckResult(f"{label}/export", STAGE, "pass", seconds=exported.seconds,
                                                details={"d_model": d_model, "n_head": n_head}))
                     results += validate_model(path, eager=bound, settings=settings, providers=providers,
-                                              bundle_dir=bundle_dir, name=config, opt_levels=("opt-all",))
+                                              bundle_dir=bundle_dir, name=label, opt_levels=("opt-all",))
                     results += validate_model(path, eager=bound, settings=settings, providers=providers,
-                                              bundle_dir=bundle_dir, name=config, opt_levels=("opt-none",),
+                                              bundle_dir=bundle_dir, name=label, opt_levels=("opt-none",),
                                               checks=UNOPTIMIZED_CHECKS)[1:]  # the interface once
     return results

@@ -35,7 +35,7 @@ def seed_for(profile: str, seed: int | None, database: str | None) -> int | None
     return None
 
 
-def property_check(*, spec: str | None, adapter: str | None, name: str, profile: str, max_examples: int | None,
+def property_check(*, target_spec: str | None, adapter: str | None, name: str, profile: str, max_examples: int | None,
                    database: str | None, seed: int | None, replay: str | None,
                    dtype: str = "float32") -> list[CheckResult]:
     """One property against the target, in ``dtype`` ("float32", "float16" or "bfloat16")."""
@@ -45,12 +45,12 @@ def property_check(*, spec: str | None, adapter: str | None, name: str, profile:
     from mha_verify.properties.suite import all_properties
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
-    target = load_target(spec, adapter=adapter)
+    target = load_target(target_spec, adapter=adapter)
     return [run_property(all_properties()[name], target, settings=settings,
                          seed=seed_for(profile, seed, database), replay=replay, dtype=getattr(torch, dtype))]
 
 
-def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_examples: int | None,
+def export_checks(*, target_spec: str | None, adapter: str | None, profile: str, max_examples: int | None,
                   database: str | None, bundle_dir: str | None,
                   exporters: tuple[str, ...] | None = None) -> list[CheckResult]:
     """The export stage: ``exporters`` (default both), each model validated in onnxruntime."""
@@ -58,14 +58,14 @@ def export_checks(*, spec: str | None, adapter: str | None, profile: str, max_ex
     from mha_verify.export_stage import export_stage
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
-    return export_stage(load_target(spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir,
+    return export_stage(load_target(target_spec, adapter=adapter), settings=settings, bundle_dir=bundle_dir,
                         exporters=EXPORTERS if exporters is None else exporters)
 
 
 def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str, max_examples: int | None,
                database: str | None, seed: int | None, target_spec: str | None, weights: str | None,
                weight_seed: int, mapping: dict[str, str], d_model: int | None, n_head: int | None,
-               bundle_dir: str | None, config: str) -> list[CheckResult]:
+               bundle_dir: str | None, label: str) -> list[CheckResult]:
     """One check (a property, or ort_vs_eager) of an ONNX model in one (provider, optimization level)."""
     from mha_verify.validation import run_onnx_check
 
@@ -73,4 +73,4 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
     return [run_onnx_check(model=model, check=check, provider=provider, opt=opt, settings=settings,
                            seed=seed_for(profile, seed, database), target_spec=target_spec, weights=weights,
                            weight_seed=weight_seed, mapping=mapping, d_model=d_model, n_head=n_head,
-                           bundle_dir=bundle_dir, config=config)]
+                           bundle_dir=bundle_dir, label=label)]

@@ -1,8 +1,8 @@
 """Validate an ONNX model: the property registry against each (provider, optimization level)
 target variant, the ``ort_vs_eager`` relation against the eager module, and the interface.
 
-Result names are ``<config>/interface``, ``<config>/<provider>/<opt>/<property>`` and
-``<config>/<provider>/<opt>/ort_vs_eager``, stage ``export``. Every property runs through
+Result names are ``<label>/interface``, ``<label>/<provider>/<opt>/<property>`` and
+``<label>/<provider>/<opt>/ort_vs_eager``, stage ``export``. Every property runs through
 :mod:`mha_verify.properties.runner`, the runner of eager targets; what a session cannot do is
 n/a by its conventions (:class:`mha_verify.properties.ort_target.OrtInstance`).
 
@@ -51,10 +51,10 @@ def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.Pa
     return bound
 
 
-def interface_result(info: Interface, config: str) -> CheckResult:
-    """``<config>/interface``: the static problems of the model's inputs (unread, frozen, merged)."""
+def interface_result(info: Interface, label: str) -> CheckResult:
+    """``<label>/interface``: the static problems of the model's inputs (unread, frozen, merged)."""
     problems = interface_problems(info)
-    return CheckResult(f"{config}/interface", STAGE, "fail" if problems else "pass", reason="; ".join(problems) or None,
+    return CheckResult(f"{label}/interface", STAGE, "fail" if problems else "pass", reason="; ".join(problems) or None,
                        details={"inputs": {r: list(s.dims) for r, s in info.roles.items()},
                                 "mask_forms": sorted(info.mask_forms), "n_head_source": info.n_head_source})
 
@@ -82,10 +82,10 @@ def _bundle(result: CheckResult, target: OrtTarget, bundle_dir: str | os.PathLik
     return dataclasses.replace(result, replay=f"python {folder / 'replay.py'}")
 
 
-def check_target(target: OrtTarget, check: str, *, settings: Settings, config: str, seed: int | None = None,
+def check_target(target: OrtTarget, check: str, *, settings: Settings, label: str, seed: int | None = None,
                  eager: Bound | None = None, bundle_dir: str | os.PathLike[str] | None = None) -> CheckResult:
     """One check (a property name, or ``ort_vs_eager``) of one target variant, named for the report."""
-    prefix = f"{config}/{target.provider}/{target.opt}"
+    prefix = f"{label}/{target.provider}/{target.opt}"
     if check == DIFFERENTIAL:
         if eager is None:
             result = CheckResult(DIFFERENTIAL, STAGE, "n/a", reason="no eager module: pass --target SPEC and --weights")
@@ -120,8 +120,8 @@ def validate_model(
     Raises ModelError (properties.onnx_interface) for a file that is not an attention model.
     """
     info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head)
-    config = name or info.config
-    results = [interface_result(info, config)]
+    label = name or info.label
+    results = [interface_result(info, label)]
     params = eager.params() if eager is not None else params_from_graph(info)
     params = params.to(params.w_q.dtype)  # detached
     threads = torch.get_num_threads()
@@ -131,7 +131,7 @@ def validate_model(
             for opt in opt_levels:
                 target = OrtTarget(info, params, provider, opt)
                 for check in checks or checks_for(eager is not None):
-                    results.append(check_target(target, check, settings=settings, config=config, seed=seed,
+                    results.append(check_target(target, check, settings=settings, label=label, seed=seed,
                                                 eager=eager, bundle_dir=bundle_dir))
     finally:
         torch.set_num_threads(threads)
@@ -149,21 +149,21 @@ def validation_tasks(
     With ``weights`` (or a ``target_spec``) the eager target is loaded in the worker: its
     weights are the oracle's and the differential check runs.
     """
-    config = name or info.config
+    label = name or info.label
     eager = weights is not None or target_spec is not None
     common = dict(model=str(Path(path).resolve()), profile=profile, max_examples=max_examples, database=database,
                   seed=seed, target_spec=target_spec, weights=weights, weight_seed=weight_seed,
                   mapping=mapping or {}, d_model=info.d_model, n_head=info.n_head, bundle_dir=bundle_dir,
-                  config=config)
+                  label=label)
     examples = max_examples or profiles.PROFILES[profile].max_examples
-    return [Task(f"{config}/{provider}/{opt}/{check}", STAGE, "onnx_check",
+    return [Task(f"{label}/{provider}/{opt}/{check}", STAGE, "onnx_check",
                  dict(common, provider=provider, opt=opt, check=check), examples=examples)
             for provider in providers for opt in opt_levels for check in checks_for(eager)]
 
 
 def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings: Settings, seed: int | None,
                    target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
-                   d_model: int | None, n_head: int | None, bundle_dir: str | None, config: str) -> CheckResult:
+                   d_model: int | None, n_head: int | None, bundle_dir: str | None, label: str) -> CheckResult:
     """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
     info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
     eager = None
@@ -172,5 +172,5 @@ def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings:
     params = eager.params() if eager is not None else params_from_graph(info)
     params = params.to(params.w_q.dtype)  # detached
     torch.set_num_threads(1)
-    return check_target(OrtTarget(info, params, provider, opt), check, settings=settings, config=config,
+    return check_target(OrtTarget(info, params, provider, opt), check, settings=settings, label=label,
                         seed=seed, eager=eager, bundle_dir=bundle_dir)

@@ -24,6 +24,7 @@ from mha_verify.mha.masks import additive_mask, keep_mask
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters_call import has_dropout, is_same_input, read_signature, set_all_dropout
 from mha_verify.properties.protocol import Conventions, NotApplicable
+from mha_verify.properties.recognition import names_of
 
 
 def declared_conventions(module: nn.Module, found: Conventions) -> Conventions:
@@ -108,7 +109,7 @@ class QKVAdapter(Adapter):
 
     name = "w_qkvo"
     description = "w_q/w_k/w_v/w_o, forward(q, k, v, mask) with a bool keep-mask (seed 000, mha.MultiHeadAttention)"
-    names = ("w_q", "w_k", "w_v", "w_o")
+    names = names_of("w_qkvo")
     native_mask = frozenset({"bool"})  # seed 000: masked_fill(~mask, -inf)
     returns_weights = False  # forward returns (output, weights) without being asked
 
@@ -185,7 +186,7 @@ class QueryKeyValueAdapter(QKVAdapter):
 
     name = "query_key_value"
     description = "query/key/value/fc_out, forward(x) -> (output, weights), no mask (seed 001)"
-    names = ("query", "key", "value", "fc_out")
+    names = names_of("query_key_value")
     native_mask = frozenset({"bool"})
     returns_weights = True
 
@@ -195,7 +196,7 @@ class LinearQKVAdapter(QKVAdapter):
 
     name = "linear_qkv"
     description = "linear_q/linear_k/linear_v/out with an additive float mask (seed 002)"
-    names = ("linear_q", "linear_k", "linear_v", "out")
+    names = names_of("linear_qkv")
     native_mask = frozenset({"float"})
 
 

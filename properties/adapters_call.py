@@ -1,7 +1,7 @@
 """How a foreign layer wants to be called, read from the *names* in its ``forward`` signature.
 
-Adapters used to count positional arguments: ``forward(self, x, mask=None, need_weights=False)``
-has three, and was taken for ``forward(q, k, v)``. Here every role is found by name:
+Roles are found by name, never by counting positional parameters:
+``forward(self, x, mask=None, need_weights=False)`` has three, yet is not ``forward(q, k, v)``.
 
 * the input: ``x``, ``hidden_states``, ``input``, ``inputs``, ``query``, ``q`` (the first
   parameter if none of these: a layer's first argument is its input);

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
+from mha_verify.properties import recognition
 from mha_verify.properties.adapters import Adapter, declared_conventions
 from mha_verify.properties.adapters_call import (
     MaskFormat,
@@ -71,31 +72,16 @@ def library_of(module: nn.Module) -> str:
     return type(module).__module__.split(".")[0]
 
 
-def _hf_implementation(module: nn.Module) -> str:
-    """The attention code an HF layer runs: its config's ``_attn_implementation``; a layer built
-    standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``."""
-    config = getattr(module, "config", None)
-    return str(getattr(config, "_attn_implementation", None) or "eager")
-
-
 def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
-    """(mask format, fully masked convention, a note) for the library ``module`` comes from."""
-    lib = library_of(module)
-    if lib == "transformers":
-        impl = _hf_implementation(module)
-        if impl == "eager":
-            return (MaskFormat("additive_min"), "uniform",
-                    "transformers eager: the mask as HF builds it, finfo.min for removed keys (uniform weights on "
-                    "fully masked rows)")
-        return MaskFormat("keep"), "zeros", f"transformers {impl}: the mask as HF builds it for sdpa (bool keep)"
-    if lib == "torchtune":
-        return MaskFormat("keep", layout="BLL"), "zeros", "torchtune: bool keep-mask (B, Lq, Lk)"
-    if lib == "x_transformers":  # its attend() inverts the mask with ~: bool only
-        return (MaskFormat("keep", takes=frozenset({"bool"})), "zeros",
-                "x-transformers: attn_mask as a bool keep-mask (bool only)")
-    if lib == "timm":
-        return MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"
-    return MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)"
+    """(mask format, fully masked convention, a note) for the library ``module`` comes from
+    (:data:`mha_verify.properties.recognition.LIBRARY_FORMATS`).
+
+    The implementation is the layer's config's ``_attn_implementation``; a layer built
+    standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.
+    """
+    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager"
+    row = recognition.library_format(library_of(module), str(implementation))
+    return row.mask, row.fully_masked, row.note
 
 
 class StructuralAdapter(Adapter):
@@ -179,12 +165,13 @@ class FusedQKVAdapter(StructuralAdapter):
 
     name = "fused_qkv"
     description = "qkv+proj (timm), c_attn+c_proj (nanoGPT, GPT-2 incl. HF Conv1D)"
-    pairs = (("qkv", "proj"), ("c_attn", "c_proj"))
 
     def _names(self, module: nn.Module) -> tuple[str, str] | None:
-        for fused, out in self.pairs:
-            if _linear_like(getattr(module, fused, None)) and _linear_like(getattr(module, out, None)):
-                return fused, out
+        for row in recognition.layouts(self.name):
+            assert row.fused is not None
+            out = next((o for o in row.out if _linear_like(getattr(module, o, None))), None)
+            if _linear_like(getattr(module, row.fused, None)) and out is not None:
+                return row.fused, out
         return None
 
     def matches(self, module: nn.Module) -> bool:
@@ -210,17 +197,16 @@ class SeparateQKVAdapter(StructuralAdapter):
     name = "separate_qkv"
     description = ("q_proj/k_proj/v_proj + o_proj|out_proj|output_proj (HF Llama/Mistral/BART/Whisper, fairseq, "
                    "torchtune), to_q/to_k/to_v/to_out (x-transformers), incl. grouped-query")
-    sets = (("q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "output_proj")),
-            ("to_q", "to_k", "to_v", ("to_out",)))
 
     def _names(self, module: nn.Module) -> tuple[str, str, str, str] | None:
-        for q, k, v, outs in self.sets:
-            if all(_linear_like(getattr(module, n, None)) for n in (q, k, v)):
+        for row in recognition.layouts(self.name):
+            assert row.q and row.k and row.v
+            if all(_linear_like(getattr(module, n, None)) for n in (row.q, row.k, row.v)):
                 # an nn.Identity output: no projection (x-transformers with one head of width D)
-                out = next((o for o in outs if _linear_like(getattr(module, o, None))
+                out = next((o for o in row.out if _linear_like(getattr(module, o, None))
                             or isinstance(getattr(module, o, None), nn.Identity)), None)
                 if out is not None:
-                    return q, k, v, out
+                    return row.q, row.k, row.v, out
         return None
 
     def matches(self, module: nn.Module) -> bool:
@@ -243,13 +229,20 @@ class QKVNoOutputAdapter(StructuralAdapter):
     name = "qkv_no_output"
     description = "query/key/value without an output projection (HF BertSelfAttention)"
 
+    def _names(self) -> tuple[str, str, str]:
+        (row,) = recognition.layouts(self.name)
+        assert row.q and row.k and row.v
+        return row.q, row.k, row.v
+
     def matches(self, module: nn.Module) -> bool:
-        return (all(_linear_like(getattr(module, n, None)) for n in ("query", "key", "value"))
-                and not any(isinstance(getattr(module, n, None), nn.Module) for n in ("fc_out", "out", "proj")))
+        # any output projection another layout names means this is not BERT's projection-less layer
+        outs = {o for row in recognition.PROJECTIONS for o in row.out}
+        return (all(_linear_like(getattr(module, n, None)) for n in self._names())
+                and not any(isinstance(getattr(module, n, None), nn.Module) for n in outs))
 
     def params(self, module: nn.Module) -> MHAParams:
         args: list[torch.Tensor | None] = []
-        for n in ("query", "key", "value"):
+        for n in self._names():
             args += weight_bias(getattr(module, n))
         return MHAParams._make([*args, None, None])
 

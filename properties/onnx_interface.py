@@ -38,6 +38,8 @@ import torch
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from onnx import numpy_helper
 
+from mha_verify.properties.recognition import initializer_tokens
+
 ROLES = ("q", "k", "v", "x", "mask")
 # The mask forms of the property suite, each as the (B, H, Lq, Lk) axes it spans (1 = broadcast).
 FORM_AXES: dict[str, tuple[bool, bool, bool, bool]] = {
@@ -137,7 +139,7 @@ class Interface:
                          if not any(span and dim == 1 for span, dim in zip(spans, axes, strict=True)))
 
     @property
-    def config(self) -> str:
+    def label(self) -> str:
         """``exporter-opsetN-dtype`` from mha-verify's metadata, else the file's stem."""
         m = self.metadata
         if {"exporter", "opset", "dtype"} <= m.keys():
@@ -368,8 +370,7 @@ def interface_problems(info: Interface) -> list[str]:
     return problems
 
 
-_TOKENS = {"q": r"q|query|w_q|q_proj|to_q|wq", "k": r"k|key|w_k|k_proj|to_k|wk",
-           "v": r"v|value|w_v|v_proj|to_v|wv", "o": r"o|out|w_o|o_proj|out_proj|fc_out|to_out|wo|dense|proj_out"}
+_TOKENS = {role: "|".join(map(re.escape, names)) for role, names in initializer_tokens().items()}
 
 
 def _token_role(text: str) -> str | None:

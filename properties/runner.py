@@ -90,7 +90,7 @@ def _summary(exc: BaseException) -> str:
     return f"the target raised {type(exc).__name__}: {first[:300]}"
 
 
-SWEEP_EXAMPLES = 2  # examples per boundary case of the sizes, before the random examples
+SWEEP_EXAMPLES = 2  # examples per boundary case of the sizes, swept after the random examples
 
 
 def check_floor(settings: Settings) -> int:

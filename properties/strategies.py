@@ -132,7 +132,7 @@ def modest_size_cases() -> Iterator[None]:
 def forced_size_case(case: tuple[str, object]) -> Iterator[None]:
     """Within the block, :func:`sizes` strategies built draw only ``case`` (one of SIZE_CASES).
 
-    The runner sweeps :func:`boundary_cases` this way before its random examples, so a short
+    The runner sweeps :func:`boundary_cases` this way after its random examples, so a short
     derandomized run reaches every boundary whatever Hypothesis's generator favours.
     """
     if case not in SIZE_CASES and case not in MODEST_CASES:

@@ -120,12 +120,21 @@ def test_crash_or_hang_in_the_target_fails_that_check_only(target: str, timeout:
     assert all(r["verdict"] == "fail" and words in r["reason"] for r in results), results
 
 
-def test_list_names_every_property() -> None:
+def test_list_names_every_property_relation_and_adapter(capsys: pytest.CaptureFixture[str]) -> None:
     from mha_verify.cli import main
-    from mha_verify.properties.suite import all_properties
+    from mha_verify.properties.adapter_registry import adapters
+    from mha_verify.properties.suite import all_properties, all_relations
 
     assert main(["list"]) == 0
-    assert len(all_properties()) >= 17
+    out = capsys.readouterr().out
+    names = [*all_properties(), *all_relations()]
+    assert len(all_properties()) >= 17 and "ort_vs_eager" in names
+    listed = [line for line in out.splitlines() if line and not line.startswith(" ")]
+    assert listed[:len(names)] == names, listed  # each name on a line of its own, in registration order
+    for prop in all_properties().values():
+        assert prop.summary in out, prop.name  # with what it states
+    for adapter in adapters():
+        assert f"    {adapter.name}: {adapter.description}" in out
 
 
 @pytest.mark.slow

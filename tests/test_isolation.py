@@ -47,7 +47,7 @@ def test_an_explicit_timeout_wins() -> None:
 
 def _property_task(name: str, target: str | None) -> Task:
     return Task(name, "properties", "property_check", dict(
-        spec=target, adapter=None, name=name, profile="ci", max_examples=3, database=None, seed=None,
+        target_spec=target, adapter=None, name=name, profile="ci", max_examples=3, database=None, seed=None,
         replay=None), examples=3)
 
 

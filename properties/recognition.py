@@ -1,0 +1,112 @@
+"""What the harness knows of other libraries' attention layers, as data: a new library is a row.
+
+* :data:`PROJECTIONS`: the names layers give their projections, per layout, as the adapters
+  recognize them (``adapters``, ``adapters_structure``), and the tokens that name a projection's
+  initializer in an ONNX graph (``onnx_interface.projection_weights``) derive from the same rows.
+* :data:`LIBRARY_FORMATS`: what a library means by the mask its layers take, and what they give
+  on a fully masked row. Never inferred from outputs, which would turn a polarity bug into a
+  "convention".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mha_verify.properties.adapters_call import MaskFormat
+
+
+@dataclass(frozen=True)
+class Projections:
+    """One naming of a layer's projections.
+
+    q, k, v: the separate input projections, or None with ``fused``: one (3D, D) projection
+    chunked into q, k, v in that order. out: the candidate names of the output projection
+    (empty: the layer has none, as HF BERT's self-attention).
+    """
+
+    layout: str
+    q: str | None
+    k: str | None
+    v: str | None
+    out: tuple[str, ...]
+    fused: str | None = None
+    where: str = ""
+
+
+PROJECTIONS: tuple[Projections, ...] = (
+    Projections("w_qkvo", "w_q", "w_k", "w_v", ("w_o",), where="seed 000, mha_verify.mha.MultiHeadAttention"),
+    Projections("query_key_value", "query", "key", "value", ("fc_out",), where="seed 001"),
+    Projections("linear_qkv", "linear_q", "linear_k", "linear_v", ("out",), where="seed 002"),
+    Projections("fused_qkv", None, None, None, ("proj",), fused="qkv", where="timm"),
+    Projections("fused_qkv", None, None, None, ("c_proj",), fused="c_attn", where="nanoGPT, GPT-2 (HF Conv1D)"),
+    Projections("separate_qkv", "q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "output_proj"),
+                where="HF Llama, Mistral, BART, Whisper; fairseq; torchtune"),
+    Projections("separate_qkv", "to_q", "to_k", "to_v", ("to_out",), where="x-transformers"),
+    Projections("qkv_no_output", "query", "key", "value", (), where="HF BertSelfAttention"),
+)
+
+
+def layouts(layout: str) -> tuple[Projections, ...]:
+    """The rows of one layout, in matching order."""
+    return tuple(p for p in PROJECTIONS if p.layout == layout)
+
+
+def names_of(layout: str) -> tuple[str, str, str, str]:
+    """(q, k, v, out) of a layout with exactly one naming (the exact adapters)."""
+    (row,) = layouts(layout)
+    assert row.q and row.k and row.v and row.out
+    return row.q, row.k, row.v, row.out[0]
+
+
+#: tokens of an ONNX initializer's name that say which projection it is (besides the names above)
+_EXTRA_TOKENS = {"q": ("q", "wq"), "k": ("k", "wk"), "v": ("v", "wv"), "o": ("o", "out", "wo", "dense", "proj_out")}
+
+
+def initializer_tokens() -> dict[str, tuple[str, ...]]:
+    """Per role (q, k, v, o), the name tokens that mark an initializer as that projection."""
+    tokens: dict[str, list[str]] = {role: list(extra) for role, extra in _EXTRA_TOKENS.items()}
+    for row in PROJECTIONS:
+        for role, name in (("q", row.q), ("k", row.k), ("v", row.v)):
+            if name:
+                tokens[role].append(name)
+        tokens["o"] += row.out
+    return {role: tuple(dict.fromkeys(names)) for role, names in tokens.items()}
+
+
+@dataclass(frozen=True)
+class LibraryFormat:
+    """How one library's layers take their mask: its format, the fully masked convention, in words."""
+
+    mask: MaskFormat
+    fully_masked: str
+    note: str
+
+
+#: (library, attention implementation or None for any) -> its mask format. transformers layers
+#: get the mask the model would build for their implementation (``config._attn_implementation``;
+#: a layer built standalone runs HF's eager code).
+LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
+    ("transformers", "eager"): LibraryFormat(
+        MaskFormat("additive_min"), "uniform",
+        "transformers eager: the mask as HF builds it, finfo.min for removed keys (uniform weights on fully masked "
+        "rows)"),
+    ("transformers", None): LibraryFormat(
+        MaskFormat("keep"), "zeros", "transformers {impl}: the mask as HF builds it for sdpa (bool keep)"),
+    ("torchtune", None): LibraryFormat(
+        MaskFormat("keep", layout="BLL"), "zeros", "torchtune: bool keep-mask (B, Lq, Lk)"),
+    # x-transformers' attend() inverts the mask with ~: bool only
+    ("x_transformers", None): LibraryFormat(
+        MaskFormat("keep", takes=frozenset({"bool"})), "zeros",
+        "x-transformers: attn_mask as a bool keep-mask (bool only)"),
+    ("timm", None): LibraryFormat(MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"),
+}
+UNKNOWN_LIBRARY = LibraryFormat(
+    MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)")
+
+
+def library_format(library: str, implementation: str | None) -> LibraryFormat:
+    """The row for ``library`` (the top-level package of a layer's class) running ``implementation``."""
+    row = LIBRARY_FORMATS.get((library, implementation)) or LIBRARY_FORMATS.get((library, None))
+    if row is None:
+        return UNKNOWN_LIBRARY
+    return LibraryFormat(row.mask, row.fully_masked, row.note.replace("{impl}", str(implementation)))
