@@ -25,7 +25,8 @@ from hypothesis import settings as Settings
 
 from mha_verify.mha.reference import multi_head
 from mha_verify.properties import profiles
-from mha_verify.properties.onnx_interface import Interface, interface_problems, read_interface
+from mha_verify.properties.onnx_checks import interface_problems
+from mha_verify.properties.onnx_interface import Interface, read_interface
 from mha_verify.properties.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
 from mha_verify.properties.results import CheckResult
 from mha_verify.properties.runner import run_property, run_relation

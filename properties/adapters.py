@@ -13,16 +13,15 @@ q/k/v for a self-attention-only target) raises :class:`NotApplicable`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from mha_verify.mha.masks import additive_mask, keep_mask
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters_call import has_dropout, is_same_input, read_signature, set_all_dropout
+from mha_verify.properties.mask_convert import to_kind, to_shape
 from mha_verify.properties.protocol import Conventions, NotApplicable
 from mha_verify.properties.recognition import names_of
 
@@ -139,13 +138,7 @@ class QKVAdapter(Adapter):
         if mask is None:
             return None
         native = self.conventions(module).mask
-        if mask.dtype == torch.bool and "bool" not in native:
-            return additive_mask(mask, dtype)
-        if mask.dtype != torch.bool and "float" not in native:
-            if bool(((mask != 0) & (mask != -math.inf)).any()):
-                raise NotApplicable("the target takes bool masks only: finite float biases have no bool form")
-            return keep_mask(mask)
-        return mask
+        return to_kind(mask, "keep" if "bool" in native else "additive", dtype, takes=native)
 
     def _args(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: torch.Tensor | None) -> tuple[list[Any], dict[str, Any]]:
@@ -236,12 +229,12 @@ class TorchMHAAdapter(Adapter):
         assert isinstance(module, nn.MultiheadAttention)
         B, Lq, Lk, H = q.shape[0], q.shape[1], k.shape[1], module.num_heads
         attn_mask = padding = None
+        sizes = (B, H, Lq, Lk)
         if mask is not None and mask.dim() == 4 and mask.shape[0] == B and mask.shape[1:3] == (1, 1):
-            padding = mask[:, 0, 0, :].expand(B, Lk)  # (B, 1, 1, Lk) -> key_padding_mask (B, Lk)
-            padding = ~padding if padding.dtype == torch.bool else padding
-        elif mask is not None:
-            full = mask.expand(B, H, Lq, Lk).reshape(B * H, Lq, Lk)  # torch's 3-D layout: (B * H, Lq, Lk)
-            attn_mask = ~full if full.dtype == torch.bool else full
+            # (B, 1, 1, Lk) -> key_padding_mask (B, Lk)
+            padding = to_kind(to_shape(mask, sizes, (True, False, False, True), (0, 3)), "drop", q.dtype)
+        elif mask is not None:  # torch's 3-D layout: (B * H, Lq, Lk)
+            attn_mask = to_kind(to_shape(mask, sizes, (True,) * 4).reshape(B * H, Lq, Lk), "drop", q.dtype)
         if not module.batch_first:  # (B, L, D) -> (L, B, D)
             q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
         out, weights = module(q, k, v, attn_mask=attn_mask, key_padding_mask=padding, need_weights=need_weights,

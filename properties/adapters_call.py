@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mha_verify.mha.masks import additive_mask, causal_keep, keep_mask
-from mha_verify.properties.protocol import NotApplicable
+from mha_verify.mha.masks import additive_mask, causal_keep
+from mha_verify.properties.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))
@@ -129,33 +129,12 @@ class MaskFormat:
                 mask = mask + bias
         if mask is None:
             return None
-        if self.layout == "BLL":  # (B, 1, Lq, Lk) -> (B, Lq, Lk): the layer has no head axis
-            mask = _expand(mask, B, Lq, Lk)[:, 0]
-        elif self.layout == "BL":  # key padding: (B, 1, 1, Lk) -> (B, Lk)
-            mask = _expand(mask, B, 1, Lk)[:, 0, 0]
-        if self.kind == "keep":
-            return mask if mask.dtype == torch.bool or "float" in self.takes else keep_mask(mask)
-        if self.kind == "drop":
-            keep = keep_mask(mask)
-            assert keep is not None
-            return ~keep if mask.dtype == torch.bool else mask
-        additive = additive_mask(mask, dtype)
-        assert additive is not None
-        if self.kind == "additive_min":  # HF: a removed key is finfo.min, not -inf
-            additive = additive.clamp(min=torch.finfo(dtype).min)
-        return additive
-
-
-def _expand(mask: torch.Tensor, B: int, Lq: int, Lk: int) -> torch.Tensor:
-    """A mask of rank <= 4 without a head axis of size > 1 -> (B, 1, Lq, Lk)."""
-    while mask.dim() < 4:
-        mask = mask.unsqueeze(0)
-    if mask.shape[1] != 1:  # the same mask for every head, expanded: one head's is the layer's
-        if not bool(torch.equal(mask, mask[:, :1].expand_as(mask))):
-            raise NotApplicable(f"a mask that differs across its {mask.shape[1]} heads cannot be given to a layer "
-                                "whose mask has no head axis")
-        mask = mask[:, :1]
-    return mask.expand(B, 1, Lq, Lk)
+        if self.layout != "BHLL":  # no head axis: (B, Lq, Lk) (torchtune) or key padding (B, Lk)
+            H = mask.shape[1] if mask.dim() == 4 else 1
+            rank = (0, 2, 3) if self.layout == "BLL" else (0, 3)
+            full = (True, False, True, True) if self.layout == "BLL" else (True, False, False, True)
+            mask = to_shape(mask, (B, H, Lq, Lk), full, rank, what="a layer whose mask has no head axis")
+        return to_kind(mask, self.kind, dtype, takes=self.takes)
 
 
 def _lower_triangular(t: torch.Tensor) -> bool:

@@ -25,10 +25,7 @@ form (a form's size-1 axes are expanded to the model's full ones when it is fed)
 
 from __future__ import annotations
 
-import collections
-import itertools
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,9 +33,8 @@ import numpy as np
 import onnx
 import torch
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
-from onnx import numpy_helper
 
-from mha_verify.properties.recognition import initializer_tokens
+from mha_verify.properties.onnx_heads import n_head_from_graph
 
 ROLES = ("q", "k", "v", "x", "mask")
 # The mask forms of the property suite, each as the (B, H, Lq, Lk) axes it spans (1 = broadcast).
@@ -239,64 +235,6 @@ def _assign_roles(inputs: list[TensorSpec], mapping: dict[str, str], path: Path)
     return roles
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    out[node.output[0]] = numpy_helper.to_array(a.t)
-                elif a.name == "value_ints":
-                    out[node.output[0]] = np.array(list(a.ints), dtype=np.int64)
-    return out
-
-
-def _shape_pieces(name: str, producers: dict[str, onnx.NodeProto], consts: dict[str, np.ndarray]) -> list[int | None]:
-    """A shape tensor as a list of known ints and unknowns (None); [] if its length is unknown."""
-    if name in consts:
-        return [int(x) for x in np.asarray(consts[name]).reshape(-1)]
-    node = producers.get(name)
-    if node is None or node.op_type != "Concat":
-        return []
-    pieces: list[int | None] = []
-    for part in node.input:
-        if part in consts:
-            pieces += [int(x) for x in np.asarray(consts[part]).reshape(-1)]
-        else:
-            pieces.append(None)  # a dynamic size read from a shape: one entry in practice
-    return pieces
-
-
-def _n_head_from_graph(model: onnx.ModelProto, d_model: int | None) -> tuple[int | None, str]:
-    for node in model.graph.node:
-        for a in node.attribute:
-            if (node.op_type, a.name) in (("Attention", "q_num_heads"), ("MultiHeadAttention", "num_heads"),
-                                          ("GroupQueryAttention", "num_heads")) and a.i > 0:
-                return int(a.i), f"{node.op_type}.{a.name}"
-    if d_model is None:
-        return None, "unknown"
-    consts = _constants(model)
-    producers = {o: n for n in model.graph.node for o in n.output}
-    votes: collections.Counter[int] = collections.Counter()
-    for node in model.graph.node:
-        if node.op_type != "Reshape" or len(node.input) < 2:
-            continue
-        pieces = _shape_pieces(node.input[1], producers, consts)
-        for a, b in itertools.pairwise(pieces):
-            h = None
-            if a is not None and a > 1 and (b == -1 or (b is not None and b > 0 and a * b == d_model)):
-                h = a  # [..., H, Hd] or [..., H, -1]
-            elif a == -1 and b is not None and 0 < b < d_model:
-                h = d_model // b  # [..., -1, Hd]
-            if h is not None and d_model % h:
-                h = None
-            if h is not None:
-                votes[h] += 1
-    if votes:
-        return votes.most_common(1)[0][0], "head split of a Reshape"
-    return None, "unknown"
-
-
 def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | None = None,
                    d_model: int | None = None, n_head: int | None = None) -> Interface:
     """Read the interface of the attention model at ``path``; ModelError (one line) if it has none.
@@ -329,7 +267,7 @@ def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | No
             if isinstance(h, int) and h > 1:
                 n_head, source = h, "the mask's head axis"
             else:
-                n_head, source = _n_head_from_graph(model, d_model)
+                n_head, source = n_head_from_graph(model, d_model)
     if d_model is not None and n_head is not None and d_model % n_head:
         raise ModelError(f"d_model={d_model} is not divisible by n_head={n_head} ({source})")
     # read for their values: a Shape node reads only the shape (what is left of an input whose
@@ -338,107 +276,3 @@ def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | No
                 | {o.name for o in model.graph.output})
     return Interface(path, roles, model.graph.output[0].name, metadata, d_model, n_head, source,
                      frozenset(consumed & {i.name for i in inputs}))
-
-
-def interface_problems(info: Interface) -> list[str]:
-    """What is wrong with the interface of an attention model, as sentences (empty: nothing).
-
-    Catches statically: an input the graph does not read (what torch's dynamo exporter leaves
-    when k and v were the same example tensor, pytorch issue 139646), Lq and Lk sharing one
-    dimension symbol (merged by the exporter from equal example sizes), and B, Lq or Lk
-    frozen to a number.
-    """
-    problems = []
-    for role, spec in info.roles.items():
-        if spec.name not in info.consumed:
-            problems.append(f"input {role} = {spec.name!r} is not read by any node (beyond its shape): another input "
-                            "took its place (torch's dynamo exporter does this when two example inputs are the same "
-                            "tensor)")
-    if problems:
-        return problems
-    first = info.roles["x" if info.self_attention else "q"].dims
-    for label, dim in (("B", first[0]), ("Lq", first[1])):
-        if isinstance(dim, int):
-            problems.append(f"{label} is fixed to {dim} in the graph's inputs; it must be dynamic")
-    if not info.self_attention:
-        lk = info.roles["k"].dims[1]
-        if isinstance(lk, int):
-            problems.append(f"Lk is fixed to {lk} in the graph's inputs; it must be dynamic")
-        if isinstance(first[1], str) and first[1] == lk:
-            problems.append(f"Lq and Lk are one dimension {lk!r} in the graph: the model rejects or miscomputes "
-                            "cross-attention (Lq != Lk); the exporter merged them, e.g. from equal example sizes")
-    return problems
-
-
-_TOKENS = {role: "|".join(map(re.escape, names)) for role, names in initializer_tokens().items()}
-
-
-def _token_role(text: str) -> str | None:
-    parts = [p for p in re.split(r"[^a-z0-9_]+|(?<=[a-z0-9])_(?=(?:weight|bias)$)", text.lower()) if p]
-    for role, pattern in _TOKENS.items():
-        if any(re.fullmatch(pattern, p) for p in parts):
-            return role
-    return None
-
-
-def projection_weights(path: str | os.PathLike[str], info: Interface) -> dict[str, np.ndarray] | None:
-    """The four projections from the graph's initializers, in nn.Linear's (out, in) layout.
-
-    Returns {"w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"} (biases may be absent)
-    or None when they cannot be told apart. Each ``MatMul``/``Gemm`` with a (D, D) initializer
-    is a projection; its role comes from the names around it (``q_proj.bias``, ``/k_proj/MatMul``)
-    or, failing that, from the graph input it reads (q, k, v) or from being last (the output
-    projection). A bias is a (D,) initializer added to its output.
-    """
-    d = info.d_model
-    if d is None:
-        return None
-    model = load_model(path)
-    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for node in model.graph.node:
-        for name in node.input:
-            consumers[name].append(node)
-    by_input = {spec.name: role for role, spec in info.roles.items() if role != "mask"}
-    found: list[tuple[str | None, str | None, np.ndarray, np.ndarray | None]] = []  # (token, input role, w, b)
-    for node in model.graph.node:
-        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in consts:
-            continue
-        w = consts[node.input[1]]
-        if w.shape != (d, d):
-            continue
-        trans_b = any(a.name == "transB" and a.i for a in node.attribute)
-        weight = w if (node.op_type == "Gemm" and trans_b) else w.T  # -> (out, in)
-        bias = consts.get(node.input[2]) if node.op_type == "Gemm" and len(node.input) > 2 else None
-        names = [node.name, node.input[1]]
-        if bias is None:
-            add = next((n for n in consumers[node.output[0]] if n.op_type == "Add"), None)
-            if add is not None:
-                other = next((i for i in add.input if i != node.output[0] and i in consts), None)
-                if other is not None and consts[other].shape == (d,):
-                    bias = consts[other]
-                    names += [add.name, other]
-        token = next((t for t in (_token_role(n) for n in names) if t is not None), None)
-        found.append((token, by_input.get(node.input[0]), weight, bias))
-    if len(found) != 4:
-        return None
-    roles: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    tokens = [f[0] for f in found]
-    if sorted(t for t in tokens if t) == ["k", "o", "q", "v"]:
-        roles = {f[0]: (f[2], f[3]) for f in found if f[0]}
-    else:
-        inputs = [f[1] for f in found]
-        if info.self_attention or sorted(i for i in inputs[:3] if i) != ["k", "q", "v"]:
-            if not info.self_attention:
-                return None
-            order: tuple[str, ...] = ("q", "k", "v", "o")  # graph order, as torch writes a forward's statements
-        else:
-            order = (*(i or "" for i in inputs[:3]), "o")
-        roles = {r: (f[2], f[3]) for r, f in zip(order, found, strict=True)}
-    out: dict[str, np.ndarray] = {}
-    for r in ("q", "k", "v", "o"):
-        w, b = roles[r]
-        out[f"w_{r}"] = np.ascontiguousarray(w)
-        if b is not None:
-            out[f"b_{r}"] = b
-    return out

@@ -25,9 +25,10 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from mha_verify.mha.masks import additive_mask, keep_mask
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.onnx_interface import Interface, ModelError, projection_weights, read_interface
+from mha_verify.properties.mask_convert import to_kind, to_shape
+from mha_verify.properties.onnx_interface import Interface, ModelError, read_interface
+from mha_verify.properties.onnx_weights import projection_weights
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}
@@ -120,42 +121,18 @@ class OrtInstance:
         """The mask in the model's type, rank and static axes (all-keep when ``mask`` is None)."""
         spec = self.info.mask
         assert spec is not None
-        H = self.info.n_head or 1
-        full = (B, H, Lq, Lk)
-        axes = self.info.mask_axes()
-        # per (B, H, Lq, Lk) axis: 1 where the model fixes it to 1, else the full size
-        want = tuple(1 if d == 1 else full[i] for i, d in enumerate(axes))
-        if mask is None:
-            m = torch.ones(want, dtype=torch.bool)
+        axes = self.info.mask_axes()  # per (B, H, Lq, Lk): 1 where the model fixes the axis to 1
+        full = (axes[0] != 1, axes[1] != 1, axes[2] != 1, axes[3] != 1)
+        if len(spec.dims) == 2:  # (B, Lk) for a key padding mask, else (Lq, Lk)
+            rank: tuple[int, ...] = (0, 3) if axes[2] == 1 and axes[0] != 1 else (2, 3)
         else:
-            m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (Lq, Lk) -> (1, 1, Lq, Lk)
-            for i in range(4):
-                if want[i] == 1 and m.shape[i] != 1:
-                    # an axis the model fixes to 1: fine if the mask is constant along it (a
-                    # (B, H, Lq, Lk) mask expanded from (B, 1, Lq, Lk)), else the model cannot take it
-                    first = m.narrow(i, 0, 1)
-                    if not bool((m == first).all()):
-                        raise NotApplicable(f"the model's mask input {spec.describe()} cannot take a mask of "
-                                            f"shape {tuple(mask.shape)} that varies along axis {i}")
-                    m = first
-            m = m.expand(want)
-        if spec.dtype is np.bool_:
-            if m.dtype != torch.bool:
-                keep = keep_mask(m)
-                assert keep is not None
-                if bool((m[keep] != 0).any()):
-                    raise NotApplicable("the model takes a bool mask: finite float biases have no bool form")
-                m = keep
-        else:
-            additive = additive_mask(m, self.info.dtype)
-            assert additive is not None
-            m = additive
-        arr = m.detach().cpu().numpy()
-        if len(spec.dims) == 2:  # (Lq, Lk), or (B, Lk) for a key padding mask
-            arr = arr[:, 0, 0, :] if axes[2] == 1 and axes[0] != 1 else arr[0, 0]
-        elif len(spec.dims) == 3:  # (B, Lq, Lk)
-            arr = arr[:, 0]
-        return np.ascontiguousarray(arr.astype(spec.dtype, copy=False))
+            rank = (0, 2, 3) if len(spec.dims) == 3 else (0, 1, 2, 3)
+        sizes = (B, self.info.n_head or 1, Lq, Lk)
+        m = torch.ones((1, 1, 1, 1), dtype=torch.bool) if mask is None else mask
+        m = to_shape(m, sizes, full, rank, what=f"the model's mask input {spec.describe()}")
+        m = to_kind(m, "keep", self.info.dtype, takes=frozenset({"bool"})) if spec.dtype is np.bool_ \
+            else to_kind(m, "additive", self.info.dtype)
+        return np.ascontiguousarray(m.detach().cpu().numpy().astype(spec.dtype, copy=False))
 
     def feed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> dict[str, np.ndarray]:

@@ -23,7 +23,8 @@ from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset, newest_ops
 from mha_verify.export_stage import export_stage
 from mha_verify.mha.reference import multi_head
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.onnx_interface import interface_problems, read_interface
+from mha_verify.properties.onnx_checks import interface_problems
+from mha_verify.properties.onnx_interface import read_interface
 from mha_verify.properties.ort_target import available_providers
 from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target, load_target

@@ -15,7 +15,8 @@ from torch import nn
 from mha_verify.export.onnx_export import export_onnx
 from mha_verify.export.opsets import newest_opset
 from mha_verify.export.wrapper import ExportWrapper
-from mha_verify.properties.onnx_interface import interface_problems, read_interface
+from mha_verify.properties.onnx_checks import interface_problems
+from mha_verify.properties.onnx_interface import read_interface
 from mha_verify.properties.targets import load_target
 from mha_verify.validation import validate_model
 

@@ -1,0 +1,35 @@
+"""Static checks of an attention ONNX model's interface: what is wrong before anything runs."""
+
+from __future__ import annotations
+
+from mha_verify.properties.onnx_interface import Interface
+
+
+def interface_problems(info: Interface) -> list[str]:
+    """What is wrong with the interface of an attention model, as sentences (empty: nothing).
+
+    Catches statically: an input the graph does not read (what torch's dynamo exporter leaves
+    when k and v were the same example tensor, pytorch issue 139646), Lq and Lk sharing one
+    dimension symbol (merged by the exporter from equal example sizes), and B, Lq or Lk
+    frozen to a number.
+    """
+    problems = []
+    for role, spec in info.roles.items():
+        if spec.name not in info.consumed:
+            problems.append(f"input {role} = {spec.name!r} is not read by any node (beyond its shape): another input "
+                            "took its place (torch's dynamo exporter does this when two example inputs are the same "
+                            "tensor)")
+    if problems:
+        return problems
+    first = info.roles["x" if info.self_attention else "q"].dims
+    for label, dim in (("B", first[0]), ("Lq", first[1])):
+        if isinstance(dim, int):
+            problems.append(f"{label} is fixed to {dim} in the graph's inputs; it must be dynamic")
+    if not info.self_attention:
+        lk = info.roles["k"].dims[1]
+        if isinstance(lk, int):
+            problems.append(f"Lk is fixed to {lk} in the graph's inputs; it must be dynamic")
+        if isinstance(first[1], str) and first[1] == lk:
+            problems.append(f"Lq and Lk are one dimension {lk!r} in the graph: the model rejects or miscomputes "
+                            "cross-attention (Lq != Lk); the exporter merged them, e.g. from equal example sizes")
+    return problems

@@ -1,0 +1,71 @@
+"""The head count of an attention ONNX model, read from its graph without running it: an
+attention operator's attribute, else the head split of a ``Reshape`` (a constant
+``[..., H, Hd]``, ``[..., H, -1]`` or ``[..., -1, Hd]`` with H * Hd = D), by majority."""
+
+from __future__ import annotations
+
+import collections
+import itertools
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value":
+                    out[node.output[0]] = numpy_helper.to_array(a.t)
+                elif a.name == "value_ints":
+                    out[node.output[0]] = np.array(list(a.ints), dtype=np.int64)
+    return out
+
+
+def _shape_pieces(name: str, producers: dict[str, onnx.NodeProto], consts: dict[str, np.ndarray]) -> list[int | None]:
+    """A shape tensor as a list of known ints and unknowns (None); [] if its length is unknown."""
+    if name in consts:
+        return [int(x) for x in np.asarray(consts[name]).reshape(-1)]
+    node = producers.get(name)
+    if node is None or node.op_type != "Concat":
+        return []
+    pieces: list[int | None] = []
+    for part in node.input:
+        if part in consts:
+            pieces += [int(x) for x in np.asarray(consts[part]).reshape(-1)]
+        else:
+            pieces.append(None)  # a dynamic size read from a shape: one entry in practice
+    return pieces
+
+
+def n_head_from_graph(model: onnx.ModelProto, d_model: int | None) -> tuple[int | None, str]:
+    """(n_head, where it was read) or (None, "unknown")."""
+    for node in model.graph.node:
+        for a in node.attribute:
+            if (node.op_type, a.name) in (("Attention", "q_num_heads"), ("MultiHeadAttention", "num_heads"),
+                                          ("GroupQueryAttention", "num_heads")) and a.i > 0:
+                return int(a.i), f"{node.op_type}.{a.name}"
+    if d_model is None:
+        return None, "unknown"
+    consts = _constants(model)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    votes: collections.Counter[int] = collections.Counter()
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2:
+            continue
+        pieces = _shape_pieces(node.input[1], producers, consts)
+        for a, b in itertools.pairwise(pieces):
+            h = None
+            if a is not None and a > 1 and (b == -1 or (b is not None and b > 0 and a * b == d_model)):
+                h = a  # [..., H, Hd] or [..., H, -1]
+            elif a == -1 and b is not None and 0 < b < d_model:
+                h = d_model // b  # [..., -1, Hd]
+            if h is not None and d_model % h:
+                h = None
+            if h is not None:
+                votes[h] += 1
+    if votes:
+        return votes.most_common(1)[0][0], "head split of a Reshape"
+    return None, "unknown"
