@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha import MultiHeadAttention
+from mha_verify.mha.masks import MaskForm
 from mha_verify.properties.targets import Bound
 
 
@@ -34,7 +35,7 @@ def mask_heads(bound: Bound) -> int:
     padding mask) cannot take a mask that differs across heads; its graph's mask input is
     (B|1, 1, Lq|1, Lk|1), and onnxruntime validation feeds it only masks shared by all heads.
     """
-    return bound.n_head if "BHLL" in bound.conventions.mask_forms else 1
+    return bound.n_head if MaskForm.BHLL in bound.conventions.mask_forms else 1
 
 
 class ExportWrapper(nn.Module):

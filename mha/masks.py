@@ -53,6 +53,19 @@ class MaskForm(str, Enum):
         """Per axis, its size's name or 1: ("B", 1, "Lq", "Lk") for B1LL; ("Lq", "Lk") for LL."""
         return _AXES[self.value]
 
+    @property
+    def spans(self) -> tuple[bool, bool, bool, bool]:
+        """Which of (B, H, Lq, Lk) the form carries at full size."""
+        named = {a for a in self.axes if isinstance(a, str)}
+        return ("B" in named, "H" in named, "Lq" in named, "Lk" in named)
+
+
+def forms_within(carried: tuple[bool, bool, bool, bool]) -> frozenset[str]:
+    """The mask forms a target can take that carries the (B, H, Lq, Lk) axes marked True at full
+    size and the others at 1: those that span no axis it lacks."""
+    return frozenset(f.value for f in MaskForm
+                     if not any(span and not has for span, has in zip(f.spans, carried, strict=True)))
+
 
 _AXES: dict[str, tuple[str | int, ...]] = {
     "B1LL": ("B", 1, "Lq", "Lk"), "11LL": (1, 1, "Lq", "Lk"), "LL": ("Lq", "Lk"),

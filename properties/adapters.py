@@ -1,7 +1,8 @@
 """Adapters: how a foreign attention module names its weights and wants to be called.
 
-This is the only place that knows the naming conventions of other modules. Every adapter
-presents one calling convention to the rest of the harness — ours:
+With ``adapters_structure`` and the tables of ``recognition``, the only place that knows how
+other modules name their weights. Every adapter presents one calling convention to the eager
+target (``targets.Bound``, the eager implementation of the target protocol) — ours:
 
     call(module, q (B, Lq, D), k (B, Lk, D), v (B, Lk, D), mask) -> output (B, Lq, D)
 
@@ -42,7 +43,7 @@ def _linear_params(*layers: nn.Linear) -> MHAParams:
 
 
 class Adapter:
-    """The adapter protocol: how the harness sees one kind of attention layer.
+    """The base class of adapters: how the eager target sees one kind of attention layer.
 
     Subclass it to verify a layer no built-in adapter recognizes, and choose it with
     ``--adapter pkg.mod:Name`` (or ``path/to/file.py:Name``). Two methods are enough::

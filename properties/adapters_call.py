@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mha_verify.mha.masks import additive_mask, causal_keep
+from mha_verify.mha.masks import additive_mask, causal_keep, forms_within
 from mha_verify.properties.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
@@ -98,13 +98,15 @@ class MaskFormat:
     layout: str = "BHLL"
 
     @property
+    def carried(self) -> tuple[bool, bool, bool, bool]:
+        """Which of (B, H, Lq, Lk) the layout carries at full size."""
+        return {"BHLL": (True, True, True, True), "BLL": (True, False, True, True),
+                "BL": (True, False, False, True)}[self.layout]
+
+    @property
     def forms(self) -> frozenset[str]:
         """The mask forms (Conventions.mask_forms) this layout can carry."""
-        if self.layout == "BLL":
-            return frozenset({"B1LL", "11LL", "LL", "B11L"})
-        if self.layout == "BL":
-            return frozenset({"B11L"})
-        return frozenset({"BHLL", "B1LL", "11LL", "LL", "B11L"})
+        return forms_within(self.carried)
 
     def describe(self) -> str:
         what = {"keep": "bool True = may attend", "drop": "bool True = masked out",
@@ -131,9 +133,8 @@ class MaskFormat:
             return None
         if self.layout != "BHLL":  # no head axis: (B, Lq, Lk) (torchtune) or key padding (B, Lk)
             H = mask.shape[1] if mask.dim() == 4 else 1
-            rank = (0, 2, 3) if self.layout == "BLL" else (0, 3)
-            full = (True, False, True, True) if self.layout == "BLL" else (True, False, False, True)
-            mask = to_shape(mask, (B, H, Lq, Lk), full, rank, what="a layer whose mask has no head axis")
+            rank = tuple(i for i, kept in enumerate(self.carried) if kept)
+            mask = to_shape(mask, (B, H, Lq, Lk), self.carried, rank, what="a layer whose mask has no head axis")
         return to_kind(mask, self.kind, dtype, takes=self.takes)
 
 

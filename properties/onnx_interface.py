@@ -34,14 +34,10 @@ import onnx
 import torch
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
+from mha_verify.mha.masks import forms_within
 from mha_verify.properties.onnx_heads import n_head_from_graph
 
 ROLES = ("q", "k", "v", "x", "mask")
-# The mask forms of the property suite, each as the (B, H, Lq, Lk) axes it spans (1 = broadcast).
-FORM_AXES: dict[str, tuple[bool, bool, bool, bool]] = {
-    "BHLL": (True, True, True, True), "B1LL": (True, False, True, True), "11LL": (False, False, True, True),
-    "LL": (False, False, True, True), "B11L": (True, False, False, True),
-}
 _ALIASES = {
     "q": ("q", "query", "queries", "q_in"),
     "k": ("k", "key", "keys", "k_in"),
@@ -131,8 +127,7 @@ class Interface:
         if self.mask is None:
             return frozenset()
         axes = self.mask_axes()
-        return frozenset(form for form, spans in FORM_AXES.items()
-                         if not any(span and dim == 1 for span, dim in zip(spans, axes, strict=True)))
+        return forms_within((axes[0] != 1, axes[1] != 1, axes[2] != 1, axes[3] != 1))
 
     @property
     def label(self) -> str:

@@ -118,6 +118,8 @@ class Target:
     _pristine: OrderedDict[tuple[int, int, int, torch.dtype], nn.Module] = field(
         default_factory=OrderedDict, repr=False, compare=False)
     _copyable: bool = field(default=True, repr=False, compare=False)
+    #: the adapter found for each class the factory built: looked up once, not per example
+    _adapters: dict[type, Adapter] = field(default_factory=dict, repr=False, compare=False)
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -170,7 +172,8 @@ class Target:
 
     def _bind(self, module: nn.Module, d_model: int, n_head: int, seed: int, dtype: torch.dtype) -> Bound:
         try:
-            adapter = find_adapter(module, self.adapter_name)
+            adapter = self._adapters.get(type(module)) or find_adapter(module, self.adapter_name)
+            self._adapters[type(module)] = adapter
         except ValueError as exc:
             raise TargetError(str(exc)) from None
         return Bound(module, adapter, d_model, n_head, lambda: self.build(d_model, n_head, seed=seed, dtype=dtype))
