@@ -2,49 +2,59 @@
 
 A bundle directory holds ``model.onnx``, ``inputs.npz`` (the feed of the shrunk
 counterexample, exactly as given to onnxruntime), ``expected.npy`` (float64),
-``actual.npy`` (what onnxruntime returned; absent if it raised), ``README.txt`` (the check,
-the counterexample, the verdict) and ``replay.py``, which needs only onnxruntime and numpy:
-``python replay.py`` prints the max error and exits 1 if it exceeds the allowed error.
+``actual.npy`` (what onnxruntime returned; absent if it raised), ``bundle.json`` (the check,
+the counterexample, the verdict, the allowed error, provider, optimization level and output
+name: data), ``README.txt`` and ``replay.py``, one fixed script for every bundle, which needs
+only onnxruntime and numpy: ``python replay.py`` prints the max error and exits 1 if it
+exceeds the allowed error. No string from the model or the check becomes code.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 
-_REPLAY = '''"""Replay of mha-verify check {name!r}: needs only onnxruntime and numpy.
-
-Counterexample: {counterexample}
-"""
+#: the replay script, the same for every bundle: nothing read from a model file, a check name
+#: or a counterexample is ever written into code; it reads them from bundle.json as data
+REPLAY = '''"""Replay of an mha-verify check (its name and counterexample are in bundle.json): needs only
+onnxruntime and numpy. Exit 0 if the error is within the allowed error, 1 otherwise."""
+import json
+import math
 import sys
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 
-ALLOWED = {allowed!r}
+LEVELS = {"opt-none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "opt-all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 here = Path(__file__).resolve().parent
+bundle = json.loads((here / "bundle.json").read_text(encoding="utf-8"))
+allowed = float(bundle["allowed"])
+if not math.isfinite(allowed) or allowed < 0 or bundle["opt"] not in LEVELS:
+    sys.exit(f"bundle.json: allowed must be a finite number >= 0 and opt one of {sorted(LEVELS)}")
 options = ort.SessionOptions()
 options.log_severity_level = 3
-options.graph_optimization_level = ort.GraphOptimizationLevel.{opt_level}
-session = ort.InferenceSession(str(here / "model.onnx"), options, providers=[{provider!r}])
-inputs = dict(np.load(here / "inputs.npz"))
-expected = np.load(here / "expected.npy")
+options.graph_optimization_level = LEVELS[bundle["opt"]]
+session = ort.InferenceSession(str(here / "model.onnx"), options, providers=[str(bundle["provider"])])
+inputs = dict(np.load(here / "inputs.npz", allow_pickle=False))
+expected = np.load(here / "expected.npy", allow_pickle=False)
+print("check:", ascii(bundle["name"]))
 try:
-    actual = session.run([{output!r}], inputs)[0]
+    actual = session.run([str(bundle["output"])], inputs)[0]
 except Exception as exc:  # the failure may be onnxruntime refusing these shapes
-    print(f"onnxruntime raised {{type(exc).__name__}}: {{exc}}")
+    print("onnxruntime raised", type(exc).__name__ + ":", ascii(str(exc)))
     sys.exit(1)
 diff = np.abs(actual.astype(np.float64) - expected)
 error = float(diff.max()) if diff.size else 0.0
 if diff.size and not np.isfinite(diff).all():
     error = float("inf")
-print(f"max error {{error:.3g}} (allowed {{ALLOWED:.3g}}); shapes: "
-      + ", ".join(f"{{k}}={{tuple(v.shape)}}" for k, v in inputs.items()))
-sys.exit(0 if error <= ALLOWED else 1)
+print(f"max error {error:.3g} (allowed {allowed:.3g}); shapes: "
+      + ", ".join(f"{ascii(k)}={tuple(v.shape)}" for k, v in inputs.items()))
+sys.exit(0 if error <= allowed else 1)
 '''
 
 
@@ -66,11 +76,14 @@ def write_bundle(
     np.save(folder / "expected.npy", np.asarray(expected, dtype=np.float64))
     if actual is not None:
         np.save(folder / "actual.npy", actual)
-    level = "ORT_DISABLE_ALL" if opt_level == "opt-none" else "ORT_ENABLE_ALL"
-    (folder / "replay.py").write_text(_REPLAY.format(
-        name=name, counterexample=counterexample, allowed=float(allowed), opt_level=level,
-        provider=provider, output=output,
-    ))
-    (folder / "README.txt").write_text(f"check: {name}\ncounterexample: {counterexample}\nverdict: {verdict}\n"
-                                       "replay: python replay.py (onnxruntime and numpy only)\n")
+    if opt_level not in ("opt-none", "opt-all"):
+        raise ValueError(f"opt_level must be 'opt-none' or 'opt-all', got opt_level={opt_level!r}")
+    bundle = {"name": name, "counterexample": counterexample, "verdict": verdict, "allowed": float(allowed),
+              "opt": opt_level, "provider": provider, "output": output}
+    (folder / "bundle.json").write_text(json.dumps(bundle, indent=1, ensure_ascii=True) + "\n", encoding="utf-8")
+    (folder / "replay.py").write_text(REPLAY, encoding="utf-8")
+    # the README is for people: the strings from the model and the check, with control characters escaped
+    (folder / "README.txt").write_text(
+        f"check: {name!a}\ncounterexample: {counterexample!a}\nverdict: {verdict!a}\n"
+        "replay: python replay.py (onnxruntime and numpy only; reads bundle.json)\n", encoding="utf-8")
     return folder

@@ -1,0 +1,71 @@
+"""Input from users and model files is data, never code: reproduction bundles."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from mha_verify.export.onnx_export import export_onnx
+from mha_verify.properties.targets import load_target
+from mha_verify.repro_bundle import REPLAY, write_bundle
+
+HOSTILE = [
+    '"""\nimport pathlib; pathlib.Path("PWNED").write_text("x")\n"""',
+    "'''\nimport pathlib; pathlib.Path('PWNED').write_text('x')\n'''",
+    "{__import__('pathlib').Path('PWNED').write_text('x')}",
+    "\x1b[31mred\x1b[0m\r\n\x00",
+]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray], np.ndarray]:
+    path = tmp_path_factory.mktemp("hostile") / "ref.onnx"
+    bound = load_target().build(8, 2, seed=0)
+    export_onnx(bound, path, exporter="torchscript")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 3, 8, generator=gen) for _ in range(3))
+    mask = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+    feed = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "mask": mask.numpy()}
+    expected = bound(q, k, v, mask).detach().double().numpy()
+    return path, feed, expected
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=["triple-double", "triple-single", "f-string", "control"])
+def test_a_bundle_replays_hostile_strings_as_data(model: tuple[Path, dict[str, np.ndarray], np.ndarray],
+                                                  hostile: str, tmp_path: Path) -> None:
+    path, feed, expected = model
+    actual = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["out"], feed)[0]
+    folder = write_bundle(tmp_path / "bundles", name=hostile, model_path=path, feed=feed, expected=expected,
+                          actual=actual, allowed=1e-4, provider="CPUExecutionProvider", opt_level="opt-all",
+                          output="out", counterexample=hostile, verdict=hostile)
+    assert (folder / "replay.py").read_text() == REPLAY  # one fixed script: nothing of the input in it
+    assert json.loads((folder / "bundle.json").read_text())["name"] == hostile  # the input, kept as data
+    assert "\x1b" not in (folder / "README.txt").read_text()  # escaped for a terminal
+    proc = subprocess.run([sys.executable, str(folder / "replay.py")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # the graph computes the eager output
+    assert "max error" in proc.stdout and "\x1b" not in proc.stdout
+    assert not (tmp_path / "PWNED").exists() and not (folder / "PWNED").exists()
+
+
+def test_a_tampered_bundle_is_refused_not_run(model: tuple[Path, dict[str, np.ndarray], np.ndarray],
+                                              tmp_path: Path) -> None:
+    path, feed, expected = model
+    folder = write_bundle(tmp_path, name="c", model_path=path, feed=feed, expected=expected, actual=None,
+                          allowed=1e-4, provider="CPUExecutionProvider", opt_level="opt-all", output="out",
+                          counterexample="", verdict="")
+    bundle = json.loads((folder / "bundle.json").read_text())
+    (folder / "bundle.json").write_text(json.dumps({**bundle, "opt": "__import__('os')"}))
+    proc = subprocess.run([sys.executable, str(folder / "replay.py")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "opt one of" in proc.stderr, proc.stdout + proc.stderr
+    with pytest.raises(ValueError, match="opt_level"):
+        write_bundle(tmp_path, name="c", model_path=path, feed=feed, expected=expected, actual=None, allowed=1e-4,
+                     provider="CPUExecutionProvider", opt_level="ORT_ENABLE_ALL; import os", output="out",
+                     counterexample="", verdict="")
