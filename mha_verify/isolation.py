@@ -218,7 +218,11 @@ def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callabl
         for task in tasks:
             if progress:
                 progress(f"{task.stage}/{task.name}")
-            results += getattr(gate, task.fn)(**task.kwargs)
+            try:
+                results += getattr(gate, task.fn)(**task.kwargs)
+            except (Exception, SystemExit) as exc:  # as the worker reports it: this task's failure
+                results.append(CheckResult(task.name, task.stage, "fail",
+                                           reason=f"the check itself raised {type(exc).__name__}: {exc}"))
         return results
     jobs = min(jobs, len(tasks)) or 1
     if jobs > 1 and limits.torch_threads is None:

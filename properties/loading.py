@@ -15,7 +15,9 @@ def load_attr(spec: str) -> object:
     ``path/to/file.py:Attr``; TargetError (a usage error) naming what is wrong.
 
     A file is imported under a private module name with its own folder on sys.path while it
-    runs, so that it imports its siblings as ``python path/file.py`` would let it.
+    runs, so that it imports its siblings as ``python path/file.py`` would let it. A module that
+    calls ``sys.exit()`` while it is imported is a TargetError too (a KeyboardInterrupt is the
+    user's: it ends the run, exit code 130).
     """
     if ":" not in spec:
         raise TargetError(f"target {spec!r} must look like package.module:Attr or path/to/file.py:Attr")
@@ -40,7 +42,7 @@ def load_attr(spec: str) -> object:
             sys.path.insert(0, folder)
         try:
             module_spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() at import must not end the gate green
             del sys.modules[name]
             raise TargetError(f"importing {where!r} failed: {type(exc).__name__}: {exc}") from None
         finally:
@@ -49,7 +51,7 @@ def load_attr(spec: str) -> object:
     else:
         try:
             module = importlib.import_module(where)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}") from None
     obj: object = module
     for part in attr.split("."):

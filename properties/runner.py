@@ -38,6 +38,10 @@ from mha_verify.properties.strategies import AttnExample, boundary_cases, forced
 Observer = Callable[[AttnExample, "Measure | BaseException"], None]
 
 
+class TargetExited(Exception):  # noqa: N818 -- the target's own act, reported as its failure
+    """The target raised SystemExit while a check called it."""
+
+
 @dataclass
 class _Stats:
     checked: int = 0  # examples that compared something
@@ -135,7 +139,10 @@ def _check_example(evaluate: Callable[[AttnExample], Measure], stats: _Stats, ex
         # of it fails as before (no flaky error) and the database stores that very example.
         reject()
     try:
-        measure = evaluate(ex)
+        try:
+            measure = evaluate(ex)
+        except SystemExit as exc:  # the target's sys.exit(): this check's failure, never the gate's exit code
+            raise TargetExited(f"the target called sys.exit({exc.code!r})") from None
     except NotApplicable as exc:  # the target could not take this one call: nothing compared
         why = str(exc)
         stats.unchecked += 1
@@ -328,7 +335,7 @@ def heatmap(target: Subject, ex: AttnExample, dtype: torch.dtype) -> dict[str, o
     source = "target"
     try:
         got = weights_if_any(instance, ex.q, ex.k, ex.v, ex.mask)
-    except Exception:  # the target fails on this very example: show what it should have computed
+    except (Exception, SystemExit):  # the target fails on this very example: show what it should have computed
         got = None
     if got is None:
         conv = instance.conventions

@@ -149,7 +149,7 @@ class Target:
             return self._bind(copy.deepcopy(kept), d_model, n_head, seed, dtype)
         try:
             module = self.factory(d_model, n_head)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in __init__ is a failure to build, not a green exit
             raise TargetError(
                 f"building {self.spec} with (d_model={d_model}, n_head={n_head}) failed: {type(exc).__name__}: {exc}"
             ) from None

@@ -33,6 +33,8 @@ USAGE_ERRORS = {
     "bad-max-examples": (["--max-examples", "0"], "positive integer"),
     "bad-budget": (["--baseline", "b.json", "--budget", "-1"], "--budget"),
     "unknown-adapter": (["--adapter", "nope"], "unknown adapter 'nope'"),
+    "target-exits-at-import": (["--target", "tests/fixtures/exits_at_import.py:X"], "SystemExit: 0"),
+    "target-exits-in-init": (["--target", "tests/fixtures/bad_targets.py:ExitsInInit"], "SystemExit: 0"),
 }
 
 
@@ -143,3 +145,13 @@ def test_only_says_that_it_skips_the_export_stage() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "mha-verify: --only runs the named properties only: the ONNX export stage is skipped" in proc.stderr
     assert "\nexport" not in proc.stdout  # no export table
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isolation", [[], ["--no-isolation"]], ids=["isolated", "in-process"])
+def test_a_target_that_exits_in_forward_fails_and_never_ends_green(isolation: list[str]) -> None:
+    proc = cli("--no-export", "--max-examples", "3", "--only", "oracle_agreement,determinism", *isolation,
+               "--target", "tests/fixtures/bad_targets.py:ExitsInForward")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "2 failed" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert "sys.exit" in proc.stdout or "SystemExit" in proc.stdout, proc.stdout
