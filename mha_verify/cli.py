@@ -7,13 +7,13 @@ stderr, no traceback, no partial file). ``mha-verify`` with no subcommand runs `
 from __future__ import annotations
 
 import argparse
-import math
 import shlex
 import sys
 from pathlib import Path
 from typing import NoReturn
 
 from mha_verify import __version__
+from mha_verify.arg_types import finite_positive, positive_int, seed
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 SUBCOMMANDS = ("check", "export", "validate", "list")
@@ -28,26 +28,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer seed, got {text!r}") from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"expected a seed in [0, 2**32), got {value}")
-    return value
-
-
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
     from mha_verify.properties.profiles import PROFILES
 
@@ -60,8 +40,8 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    "registered name (`mha-verify list` prints them all) or pkg.mod:YourAdapter")
     p.add_argument("--profile", choices=list(PROFILES), default=None,
                    help="Hypothesis profile (default: $MHA_VERIFY_PROFILE or ci)")
-    p.add_argument("--max-examples", type=_positive, default=None, help="examples per property")
-    p.add_argument("--seed", type=_seed, default=None, help="Hypothesis seed (replaces derandomization)")
+    p.add_argument("--max-examples", type=positive_int, default=None, help="examples per property")
+    p.add_argument("--seed", type=seed, default=None, help="Hypothesis seed (replaces derandomization)")
     p.add_argument("--only", default=None, metavar="NAMES",
                    help="comma-separated property names; only these run, the ONNX export stage is skipped "
                         "(said on stderr)")
@@ -77,15 +57,15 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    help="Hypothesis example database: failures found once are replayed first next time")
     p.add_argument("--baseline", metavar="FILE.json", default=None,
                    help="worst errors per check: stored if FILE does not exist, else held against this run")
-    p.add_argument("--budget", type=float, default=2.0,
+    p.add_argument("--budget", type=finite_positive, default=2.0,
                    help="with --baseline: fail when a worst error exceeds BUDGET x its baseline (default 2)")
     p.add_argument("--update-baseline", action="store_true", help="with --baseline: overwrite it with this run")
     p.add_argument("--bundle-dir", metavar="DIR", default=None, help="write reproduction bundles of export failures")
-    p.add_argument("--timeout", type=_positive, default=None,
+    p.add_argument("--timeout", type=positive_int, default=None,
                    help="seconds per check before it counts as hung (default: 60, or 0.6 per example if more)")
     p.add_argument("--no-isolation", action="store_true",
                    help="run checks in this process (faster start; a crash then ends the gate)")
-    p.add_argument("--jobs", type=_positive, default=None,
+    p.add_argument("--jobs", type=positive_int, default=None,
                    help="worker processes running checks side by side (default: one per core)")
     p.set_defaults(func=run_check)
 
@@ -122,6 +102,8 @@ def _replay_command(args: argparse.Namespace, name: str) -> str:
         parts += ["--seed", str(args.seed)]
     if args.dtype != "float32":
         parts += ["--dtype", args.dtype]
+    if args.database:  # the stored counterexample replays first
+        parts += ["--database", args.database]
     return shlex.join(parts)
 
 
@@ -142,7 +124,12 @@ def run_check(args: argparse.Namespace) -> int:
 
     try:
         profile = profiles.profile_name(args.profile)
-        names = [n for n in args.only.split(",") if n] if args.only else None
+        names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only is not None else None
+        if names == []:
+            raise ValueError(f"--only names no property: {args.only!r}")
+        for flag in ("report", "junit", "html", "baseline", "database", "bundle_dir"):
+            if getattr(args, flag) == "":
+                raise ValueError(f"--{flag.replace('_', '-')} is an empty path")
         props = select(names)
         target = load_target(args.target, adapter=args.adapter)
         writers = {kind: AtomicWriter(path) for kind, path in
@@ -153,8 +140,6 @@ def run_check(args: argparse.Namespace) -> int:
                 stored = baseline.load(args.baseline)
             else:
                 writers["baseline"] = AtomicWriter(args.baseline)
-        if not args.budget > 0 or not math.isfinite(args.budget):
-            raise ValueError(f"--budget must be a positive number, got {args.budget}")
         if args.database:
             Path(args.database).mkdir(parents=True, exist_ok=True)
         if args.bundle_dir:

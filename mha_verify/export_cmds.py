@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mha_verify.arg_types import positive_int, positive_seconds, seed
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from mha_verify.properties.results import CheckResult
 
@@ -50,7 +51,7 @@ def _providers(text: str) -> list[str]:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export, validate in a temp file next to the output, then move it into place."""
-    from mha_verify.export.atomic import atomic_path
+    from mha_verify.export.atomic import AtomicWriter, atomic_path
     from mha_verify.export.onnx_export import DTYPES, ExportError, export_onnx
     from mha_verify.export.opsets import check_opset
     from mha_verify.properties import profiles
@@ -68,13 +69,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             from mha_verify.export.contrib_graph import contrib_file_name
 
             out = out.with_name(contrib_file_name(out.name))
-        if not out.parent.is_dir():
-            raise ValueError(f"output directory {str(out.parent)!r} does not exist")
+        if not args.output:
+            raise ValueError("-o/--output is an empty path")
+        AtomicWriter(out)  # a directory, a missing or read-only folder: refused now, before any work
         target = load_target(args.target)
         bound = target.build(args.d_model, args.n_head, seed=args.weight_seed, dtype=dtype)
         if args.weights is not None:
             load_weights(bound, args.weights, dtype)
-    except (TargetError, ModelError, ValueError, TypeError) as exc:
+    except (TargetError, ModelError, ValueError, TypeError, OSError) as exc:
         return _usage(str(exc))
     try:
         with atomic_path(out) as tmp:
@@ -110,8 +112,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from mha_verify.validation import interface_result, load_eager, validation_tasks
 
     try:
-        if args.jobs is not None and args.jobs < 1:
-            raise ValueError(f"--jobs must be a positive integer, got {args.jobs}")
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
         mapping = parse_input_map(args.inputs)
@@ -150,7 +150,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="package.module:Attr or path/to/file.py:Attr (default: mha:MultiHeadAttention)")
     p.add_argument("--weights", default=None, metavar="FILE",
                    help="a state_dict for the target, loaded with torch.load(weights_only=True)")
-    p.add_argument("--weight-seed", dest="weight_seed", type=int, default=0, metavar="N",
+    p.add_argument("--weight-seed", dest="weight_seed", type=seed, default=0, metavar="N",
                    help="seed of the target's initial weights, without --weights (default 0)")
     p.add_argument("--seed", action=_SeedMeansHypothesis, nargs="?", help=argparse.SUPPRESS)
     p.add_argument("--profile", choices=("quick", "ci", "thorough"), default=None,
@@ -167,8 +167,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                                description="Export to ONNX, validate in onnxruntime, then write atomically. "
                                            "Exit 0 written, 1 a check failed (nothing written), 2 usage error.")
     _common(ex)
-    ex.add_argument("--d-model", type=int, required=True, help="model width D")
-    ex.add_argument("--n-head", type=int, required=True, help="number of heads H")
+    ex.add_argument("--d-model", type=positive_int, required=True, help="model width D")
+    ex.add_argument("--n-head", type=positive_int, required=True, help="number of heads H")
     ex.add_argument("--exporter", choices=EXPORTERS, default="dynamo", help="torch exporter (default dynamo)")
     ex.add_argument("--opset", type=int, default=None, help="ONNX opset (default: the newest supported)")
     ex.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="model dtype")
@@ -185,14 +185,15 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     va.add_argument("model", metavar="model.onnx")
     _common(va)
     va.add_argument("--providers", default="cpu", help="comma-separated: cpu, cuda, tensorrt (default cpu)")
-    va.add_argument("--d-model", type=int, default=None, help="override d_model (default: from the model)")
-    va.add_argument("--n-head", type=int, default=None,
+    va.add_argument("--d-model", type=positive_int, default=None, help="override d_model (default: from the model)")
+    va.add_argument("--n-head", type=positive_int, default=None,
                     help="override n_head (default: from the model's metadata, attention op, mask or head split)")
     va.add_argument("--inputs", default=None, metavar="q=NAME,k=NAME,v=NAME,mask=NAME",
                     help="map the model's input names to roles q, k, v, x, mask (default: by name, then position)")
     va.add_argument("--no-isolation", dest="isolate", action="store_false",
                     help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
-    va.add_argument("--timeout", type=float, default=600.0, help="seconds before an isolated run counts as hung")
-    va.add_argument("--jobs", type=int, default=None, help="worker processes running checks side by side "
+    va.add_argument("--timeout", type=positive_seconds, default=600.0,
+                    help="seconds before an isolated run counts as hung")
+    va.add_argument("--jobs", type=positive_int, default=None, help="worker processes running checks side by side "
                     "(default: one per core)")
     va.set_defaults(func=cmd_validate)

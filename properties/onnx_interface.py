@@ -163,6 +163,8 @@ def parse_input_map(text: str | None) -> dict[str, str]:
         role, name = role.strip(), name.strip()
         if not sep or role not in ROLES or not name:
             raise ValueError(f"--inputs takes ROLE=NAME pairs with ROLE in {', '.join(ROLES)}, got {part!r}")
+        if role in out:
+            raise ValueError(f"--inputs names role {role} twice ({out[role]!r} and {name!r})")
         out[role] = name
     return out
 
@@ -176,6 +178,8 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """The model at ``path`` (with its external data, as dynamo exports write it); ModelError
     (one line) if it is missing or not ONNX."""
     path = Path(path)
+    if path.is_dir():
+        raise ModelError(f"model file {str(path)!r} is a directory, not an ONNX file")
     if not path.is_file():
         raise ModelError(f"model file {str(path)!r} does not exist")
     try:
