@@ -66,6 +66,7 @@ def _strip_timings(doc: dict) -> dict:
     return doc
 
 
+@pytest.mark.deep
 @pytest.mark.slow
 def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     only = "oracle_agreement,fully_masked_rows,lk_equals_lv"
@@ -92,6 +93,7 @@ def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     assert "example: B=1 Lq=" in proc.stdout and "mask fully_masked_rows" in proc.stdout
 
 
+@pytest.mark.deep
 @pytest.mark.slow
 def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
@@ -107,6 +109,7 @@ def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
     assert "baseline" in proc.stdout and "FAIL" in proc.stdout
 
 
+@pytest.mark.deep
 @pytest.mark.slow
 @pytest.mark.parametrize(("target", "timeout", "words"), [
     ("Segfaults", "60", "killed by SIGSEGV"),

@@ -12,6 +12,8 @@ FROZEN = '''
 from torch import nn
 from mha_verify.mha import MultiHeadAttention
 
+pytestmark = pytest.mark.deep  # exports and validates whole models through the CLI (tox -e deep)
+
 
 class Frozen(MultiHeadAttention):
     """The reference, but its batch size turns into a constant when traced."""

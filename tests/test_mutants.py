@@ -17,6 +17,8 @@ from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target
 from tests.mutants import BOUNDARY_MUTANTS, CATALOG, _Explicit
 
+pytestmark = pytest.mark.deep  # the mutant catalog, one gate run per mutant (tox -e deep)
+
 SETTINGS = profiles.PROFILES[profiles.profile_name()]
 
 

@@ -25,6 +25,7 @@ def test_installed_package_is_typed() -> None:
     assert importlib.resources.files("mha_verify").joinpath("py.typed").is_file(), "mha_verify ships no py.typed"
 
 
+@pytest.mark.deep
 @pytest.mark.slow
 def test_the_wheel_ships_py_typed_and_the_version(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
@@ -41,6 +42,7 @@ def test_the_wheel_ships_py_typed_and_the_version(tmp_path: Path) -> None:
         assert f"mha_verify/{sub}/__init__.py" in names, f"mha_verify.{sub} missing from the wheel"
 
 
+@pytest.mark.deep
 @pytest.mark.slow
 def test_a_user_project_with_its_own_properties_and_export_modules(tmp_path: Path) -> None:
     """A project whose own modules are named properties.py and export.py keeps them, and the plugin

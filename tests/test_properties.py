@@ -23,6 +23,7 @@ def test_reference_passes(name: str) -> None:
 SEEDS = "tests/fixtures/seed_{}.py:{}"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(
     ("spec", "name", "verdict"),
     [

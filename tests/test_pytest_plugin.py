@@ -39,6 +39,8 @@ def test_plugin_rejects_a_bad_target(tmp_path: Path) -> None:
 USER_TEST = """
 from hypothesis import given, settings, strategies as st
 
+pytestmark = pytest.mark.deep  # pytest runs in subprocesses (tox -e deep)
+
 
 @given(st.integers())
 def test_users_own(x):

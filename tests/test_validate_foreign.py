@@ -38,7 +38,7 @@ from mha_verify.cli import main
 from mha_verify.properties.onnx_interface import read_interface
 from mha_verify.validation import validate_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deep]  # exports foreign layers with both exporters (tox -e deep)
 D, H = 16, 4
 QUICK = settings(max_examples=20, derandomize=True, deadline=None, database=None)
 

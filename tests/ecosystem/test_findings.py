@@ -11,6 +11,8 @@ import torch
 
 from tests.ecosystem import layers
 
+pytestmark = pytest.mark.deep  # the ecosystem findings (tox -e deep, tox -e ecosystem)
+
 
 def _x(B: int = 2, L: int = 4, D: int = 8, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.randn(B, L, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)

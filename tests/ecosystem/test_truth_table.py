@@ -25,6 +25,8 @@ import pytest
 
 from tests.ecosystem import layers
 
+pytestmark = pytest.mark.deep  # whole gate runs per ecosystem layer (tox -e deep, tox -e ecosystem)
+
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = "tests/ecosystem/layers.py:"
 EXPORTERS = ("dynamo", "torchscript")
