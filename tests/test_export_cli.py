@@ -8,11 +8,11 @@ import pytest
 
 from mha_verify.cli import main
 
+pytestmark = pytest.mark.deep  # exports and validates whole models through the CLI (tox -e deep)
+
 FROZEN = '''
 from torch import nn
 from mha_verify.mha import MultiHeadAttention
-
-pytestmark = pytest.mark.deep  # exports and validates whole models through the CLI (tox -e deep)
 
 
 class Frozen(MultiHeadAttention):

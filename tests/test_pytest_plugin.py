@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.deep  # pytest runs in subprocesses (tox -e deep)
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
@@ -38,8 +40,6 @@ def test_plugin_rejects_a_bad_target(tmp_path: Path) -> None:
 
 USER_TEST = """
 from hypothesis import given, settings, strategies as st
-
-pytestmark = pytest.mark.deep  # pytest runs in subprocesses (tox -e deep)
 
 
 @given(st.integers())
