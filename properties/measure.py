@@ -80,10 +80,14 @@ def relation_allowed(bound: Instance, ex: AttnExample) -> float:
     """Tolerance for a relation between two outputs of the target (e.g. permuted vs not).
 
     Each side may stray from the oracle by the derived tolerance, so their difference may be
-    up to twice that.
+    up to twice that. Derived from the outputs where the oracle is finite: a target declaring NaN
+    on fully masked rows has NaN oracle rows there, and a NaN allowance would pass everything
+    (``error > nan`` is False). Where the same-precision formula itself overflows, the allowance
+    is not finite, and the comparisons treat the example as unchecked.
     """
     ref, _, same = oracle(bound, ex)
-    c = compare(same, ref, same, ex.q.dtype)
+    finite = torch.isfinite(ref)
+    c = compare(same[finite], ref[finite], same[finite], ex.q.dtype)
     return 2.0 * tolerance_for(ex.q.dtype).allowed(c.ref_error, c.scale)
 
 
