@@ -5,7 +5,9 @@ in one place for every property, eager module and onnxruntime session alike (as 
 OpInfo harness checks every operator's outputs in one place rather than per test):
 
 * the output of ``instance(q, k, v, mask)`` is a tensor of shape (B, Lq, D);
-* the weights of ``with_weights`` are (B, H, Lq, Lk).
+* the weights of ``with_weights`` are (B, H, Lq, Lk);
+* q, k, v and the mask are bitwise unchanged by the call (a layer that writes into its inputs
+  was caught only by luck, when a later call reused the changed tensor).
 
 A breach is a :class:`~mha_verify.properties.measure.Violation` named "output contract", its
 own failure, never mistaken for a numeric one.
@@ -28,6 +30,22 @@ def _output(out: object, q: torch.Tensor, d_model: int) -> torch.Tensor:
     if tuple(out.shape) != want:
         raise Violation(f"output contract: output shape {tuple(out.shape)}, but should be (B, Lq, D) = {want}")
     return out
+
+
+def _snapshot(*inputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    return tuple(None if t is None else t.detach().clone() for t in inputs)
+
+
+def _unchanged(before: tuple[torch.Tensor | None, ...], *inputs: torch.Tensor | None) -> None:
+    __tracebackhide__ = True
+    for name, old, new in zip(("q", "k", "v", "mask"), before, inputs, strict=True):
+        if old is None or new is None:
+            continue
+        same = (old == new.detach()) | (torch.isnan(old) & torch.isnan(new.detach())) if old.is_floating_point() \
+            else old == new.detach()
+        if not bool(same.all()):
+            raise Violation(f"output contract: the call changed its input {name} in place; inputs must be left "
+                            "bitwise unchanged")
 
 
 class Checked:
@@ -54,11 +72,16 @@ class Checked:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
-        return _output(self.inner(q, k, v, mask), q, self.d_model)
+        before = _snapshot(q, k, v, mask)
+        out = self.inner(q, k, v, mask)
+        _unchanged(before, q, k, v, mask)
+        return _output(out, q, self.d_model)
 
     def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        before = _snapshot(q, k, v, mask)
         out, weights = self.inner.with_weights(q, k, v, mask)
+        _unchanged(before, q, k, v, mask)
         want = (q.shape[0], self.n_head, q.shape[1], k.shape[1])
         if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != want:
             got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
