@@ -1,6 +1,7 @@
-"""Shrinking stops after the runner's budget: the verdict is then the last genuine failure,
-never the signal that stopped Hypothesis (nor a timeout that reads as a hang), and the
-example database stores that very counterexample."""
+"""Shrinking stops after the runner's budget of steps: the verdict is then the last genuine
+failure, never the signal that stopped Hypothesis (nor a timeout that reads as a hang), the
+example database stores that very counterexample, and the counterexample does not depend on
+how fast the machine is; a wall-clock safety net, when it fires, says so."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from mha_verify.properties.targets import Target
 from tests.mutants import ScaleBySqrtDModel
 
 
-def _run(budget: float, monkeypatch: pytest.MonkeyPatch, settings: Settings) -> tuple[CheckResult, int]:
+def _run(budget: float, monkeypatch: pytest.MonkeyPatch, settings: Settings, *, seconds_per_reading: float = 1.0,
+         safety: float = 1e9) -> tuple[CheckResult, int]:
     built = 0
     build = Target.build
 
@@ -28,9 +30,11 @@ def _run(budget: float, monkeypatch: pytest.MonkeyPatch, settings: Settings) -> 
         built += 1
         return build(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(runner, "SHRINK_BUDGET", budget)
-    ticks = itertools.count()  # a clock that advances one second per reading: no timing in the test
-    monkeypatch.setattr(runner, "time", types.SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setattr(runner, "SHRINK_STEPS", budget)
+    monkeypatch.setattr(runner, "SHRINK_SAFETY_SECONDS", safety)
+    ticks = itertools.count()  # a clock that advances a fixed time per reading: a fast or a slow machine
+    monkeypatch.setattr(runner, "time", types.SimpleNamespace(
+        perf_counter=lambda: seconds_per_reading * float(next(ticks))))
     monkeypatch.setattr(Target, "build", counted)
     target = Target("tests.mutants:ScaleBySqrtDModel", ScaleBySqrtDModel)
     result = runner.run_property(all_properties()["oracle_agreement"], target, settings=settings, seed=0)
@@ -40,7 +44,7 @@ def _run(budget: float, monkeypatch: pytest.MonkeyPatch, settings: Settings) -> 
 def test_a_spent_budget_ends_shrinking_with_the_genuine_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     db = InMemoryExampleDatabase()
     with_db = Settings(profiles.PROFILES["ci"], derandomize=False, database=db)
-    spent, spent_builds = _run(6.0, monkeypatch, with_db)  # a few shrink steps, then spent
+    spent, spent_builds = _run(6, monkeypatch, with_db)  # a few shrink steps, then spent
     full, full_builds = _run(1e9, monkeypatch, profiles.PROFILES["ci"])
     for result in (spent, full):
         assert result.verdict == "fail"
@@ -53,5 +57,21 @@ def test_a_spent_budget_ends_shrinking_with_the_genuine_failure(monkeypatch: pyt
     # with no budget left, every later example is rejected before the layer is built
     assert spent_builds < full_builds, (spent_builds, full_builds)
     # what the database stored is the counterexample reported, and it fails again
-    replayed, _ = _run(6.0, monkeypatch, Settings(with_db, phases=[Phase.reuse]))
+    replayed, _ = _run(6, monkeypatch, Settings(with_db, phases=[Phase.reuse]))
     assert replayed.verdict == "fail" and replayed.counterexample == spent.counterexample, (replayed, spent)
+
+
+def test_the_counterexample_does_not_depend_on_the_machines_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ci run on a machine whose every clock reading is 1 s apart and on one where they are
+    100 s apart (a forward 100 times slower): the same counterexample, no safety-net remark."""
+    fast, _ = _run(20, monkeypatch, profiles.PROFILES["ci"], seconds_per_reading=1.0)
+    slow, _ = _run(20, monkeypatch, profiles.PROFILES["ci"], seconds_per_reading=100.0)
+    assert fast.verdict == slow.verdict == "fail"
+    assert fast.counterexample == slow.counterexample and fast.counterexample, (fast, slow)
+    assert "safety net" not in (fast.reason or "") + (slow.reason or "")
+
+
+def test_the_safety_net_says_when_it_fired(monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped, _ = _run(10**9, monkeypatch, profiles.PROFILES["ci"], seconds_per_reading=100.0, safety=150.0)
+    assert stopped.verdict == "fail" and stopped.counterexample
+    assert "safety net" in (stopped.reason or "") and "depends on the machine's speed" in (stopped.reason or "")
