@@ -15,7 +15,12 @@ from collections.abc import Iterable
 from mha_verify.properties.results import CheckResult
 
 ROOT = "fully_masked_rows"
-_NOT_FINITE = re.compile(r"\bnan\b|not finite|non-finite|\binf\b", re.IGNORECASE)
+# NaN or inf as a value, never the "-inf" or "0/-inf" of a mask's wording
+_NOT_FINITE = re.compile(r"(?<![-/\w])(?:nan|inf)\b|not finite|non-finite", re.IGNORECASE)
+# failures with a cause of their own, whatever numbers they mention: the call contract (shape,
+# dtype, inputs changed), an exception, a crash or hang of the check, gradients
+_OWN_CAUSE = re.compile(r"^(?:output contract|the target raised|the target called sys\.exit|the check itself raised|"
+                        r"timed out|the worker process|gradcheck)")
 
 
 def as_float(value: object) -> float | None:
@@ -29,9 +34,13 @@ def as_float(value: object) -> float | None:
 
 
 def not_finite(result: CheckResult) -> bool:
-    """True when the failure is a NaN or infinite output: by its reason or its worst error."""
+    """True when the failure is a NaN or infinite output: by its reason or its worst error, unless
+    the failure has a cause of its own (an exception, the call contract, gradients)."""
+    reason = result.reason or ""
+    if _OWN_CAUSE.match(reason) or result.name.rsplit("/", 1)[-1] in ("gradcheck", "masked_grad_zero"):
+        return False
     error = as_float(result.worst_error)
-    return (error is not None and not math.isfinite(error)) or bool(_NOT_FINITE.search(result.reason or ""))
+    return (error is not None and not math.isfinite(error)) or bool(_NOT_FINITE.search(reason))
 
 
 def group_failures(results: Iterable[CheckResult]) -> list[tuple[CheckResult, list[CheckResult]]]:

@@ -32,6 +32,18 @@ def test_nan_failures_are_grouped_under_fully_masked_rows() -> None:
     assert _names(groups) == [("head_split", []), ("fully_masked_rows", ["oracle_agreement", "batch_independence"])]
 
 
+@pytest.mark.parametrize("other", [
+    _fail("oracle_agreement", "output contract: output shape (1, 3, 8), but should be (B, Lq, D) = (1, 4, 8)", "inf"),
+    _fail("gradcheck", "gradcheck failed: Jacobian mismatch for output 0 with respect to input 0, numerical nan"),
+    _fail("bool_equals_additive", "additive 0/-inf mask vs bool mask: max difference 0.3 > allowed 1e-06", 0.3),
+    _fail("determinism", "the target raised RuntimeError: inf is not allowed here", math.inf),
+    _fail("masked_grad_zero", "gradient nan reached k at a key masked for every query, but should be exactly 0"),
+], ids=["wrong-shape", "gradcheck", "minus-inf-wording", "exception", "gradient"])
+def test_a_failure_with_a_cause_of_its_own_is_never_grouped_as_nan(other: CheckResult) -> None:
+    assert not not_finite(other)
+    assert _names(group_failures([FULLY, other])) == [("fully_masked_rows", []), (other.name, [])]
+
+
 def test_without_a_fully_masked_rows_failure_every_failure_stands_alone() -> None:
     assert _names(group_failures([ORACLE_NAN, HEADS, BATCH_NAN, PASSED])) == [
         ("oracle_agreement", []), ("head_split", []), ("batch_independence", [])]
