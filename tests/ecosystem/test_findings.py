@@ -184,3 +184,25 @@ def test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_si
     with pytest.raises(Exception, match="Reshape"):
         self_session.run(None, {"x": x_other})
     assert cross_session.run(None, {"x": x_other})[0].shape == (3, 5, 16)
+
+
+def test_cpu_sdpa_without_a_mask_accepts_lk_different_from_lv() -> None:
+    """torch's CPU scaled_dot_product_attention with no mask takes keys and values of different
+    lengths: with Lk < Lv it reads key rows past the end of k (rows of the storage k is a view of
+    change its output), with Lk > Lv it silently attends to the first Lv keys only; the math
+    backend refuses both. Found by ``lk_equals_lv`` on a diffusers layer."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator().manual_seed(0)
+    q, v = torch.randn(1, 1, 3, 4, generator=gen), torch.randn(1, 1, 5, 4, generator=gen)
+    storage = torch.randn(1, 1, 5, 4, generator=gen)
+    k = storage[:, :, :2]  # Lk = 2 < Lv = 5, a view of the first two rows
+    before = F.scaled_dot_product_attention(q, k, v)
+    storage[:, :, 2:] = 10 * torch.randn(1, 1, 3, 4, generator=gen)  # rows past k's end
+    assert not torch.equal(F.scaled_dot_product_attention(q, k, v), before)  # read memory outside k
+    k_long, v_short = torch.randn(1, 1, 5, 4, generator=gen), torch.randn(1, 1, 2, 4, generator=gen)
+    first = torch.softmax(q @ k_long[:, :, :2].transpose(-1, -2) / 2.0, dim=-1) @ v_short
+    assert torch.allclose(F.scaled_dot_product_attention(q, k_long, v_short), first, atol=1e-6)  # keys dropped
+    with sdpa_kernel(SDPBackend.MATH), pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, k, v)
