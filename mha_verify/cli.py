@@ -60,6 +60,8 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget", type=finite_positive, default=2.0,
                    help="with --baseline: fail when a worst error exceeds BUDGET x its baseline (default 2)")
     p.add_argument("--update-baseline", action="store_true", help="with --baseline: overwrite it with this run")
+    p.add_argument("--baseline-despite-failures", action="store_true",
+                   help="with --baseline: write it even when a check failed (failed checks keep their old entry)")
     p.add_argument("--bundle-dir", metavar="DIR", default=None, help="write reproduction bundles of export failures")
     p.add_argument("--timeout", type=positive_int, default=None,
                    help="seconds per check before it counts as hung (default: 60, or 0.6 per example if more)")
@@ -134,11 +136,14 @@ def run_check(args: argparse.Namespace) -> int:
         target = load_target(args.target, adapter=args.adapter)
         writers = {kind: AtomicWriter(path) for kind, path in
                    (("report", args.report), ("junit", args.junit), ("html", args.html)) if path}
-        stored = None
+        stored: dict[str, float] | None = None
+        kept: dict[str, float] = {}
+        context = {"target": target.spec, "dtype": args.dtype, "profile": profile}
         if args.baseline:
             if Path(args.baseline).exists() and not args.update_baseline:
-                stored = baseline.load(args.baseline)
+                stored = baseline.load(args.baseline, context)
             else:
+                kept = baseline.previous(args.baseline) if Path(args.baseline).is_file() else {}
                 writers["baseline"] = AtomicWriter(args.baseline)
         if args.database:
             Path(args.database).mkdir(parents=True, exist_ok=True)
@@ -184,7 +189,13 @@ def run_check(args: argparse.Namespace) -> int:
         writers["html"].write_text(report_html.document(results, target=target.spec, profile=profile,
                                                         versions=report_json.versions()))
     if "baseline" in writers:
-        baseline.store(results, writers["baseline"])
+        failed = [r.name for r in results if r.failed]
+        if failed and not args.baseline_despite_failures:
+            print(f"mha-verify: baseline {args.baseline!r} not written: {len(failed)} checks failed "
+                  f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}); fix them, or pass "
+                  "--baseline-despite-failures (failed checks then keep their old entries)", file=sys.stderr)
+        else:
+            baseline.store(results, writers["baseline"], context, kept)
     if not any(r.verdict in ("pass", "declared") for r in results):
         print("mha-verify: nothing was verified: no check passed (every one failed, warned or was not "
               "applicable); this is not a pass", file=sys.stderr)
