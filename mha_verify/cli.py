@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from mha_verify import __version__
 from mha_verify.arg_types import finite_positive, positive_int, seed
+from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 SUBCOMMANDS = ("check", "export", "validate", "list")
@@ -178,9 +179,9 @@ def run_check(args: argparse.Namespace) -> int:
                         rank=lambda t: 0 if t.stage == "export" else 1 if t.name in full else 2)
     if stored is not None:
         results += baseline.compare(results, stored, args.budget)
-    print(report_text.table(results))
-    print(report_text.failures(results))
-    print(report_text.summary(results))
+    print(printable(report_text.table(results)))
+    print(printable(report_text.failures(results)))
+    print(printable(report_text.summary(results)))
     if "report" in writers:
         writers["report"].write_text(report_json.dumps(results, target=target.spec, profile=profile, seed=args.seed))
     if "junit" in writers:
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except UsageError as exc:
-        print(f"mha-verify: error: {exc}", file=sys.stderr)
+        print(printable(f"mha-verify: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("mha-verify: interrupted", file=sys.stderr)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mha_verify.arg_types import positive_int, positive_seconds, seed
+from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from mha_verify.properties.results import CheckResult
 
@@ -30,7 +31,7 @@ def format_results(results: Sequence[CheckResult]) -> str:
 
 
 def _usage(message: str) -> int:
-    print(f"mha-verify: error: {message}", file=sys.stderr)
+    print(printable(f"mha-verify: error: {message}"), file=sys.stderr)
     return EXIT_USAGE
 
 
@@ -84,11 +85,11 @@ def cmd_export(args: argparse.Namespace) -> int:
                                    target_spec=target.spec, mask_input=not args.no_mask_input, graph=args.graph)
             results = validate_model(tmp, eager=bound, settings=settings, bundle_dir=args.bundle_dir,
                                      name=exported.label)
-            print(format_results(results))
+            print(printable(format_results(results)))
             if any(r.failed for r in results):
                 raise _Abort
     except ExportError as exc:
-        print(f"mha-verify: export failed: {exc}", file=sys.stderr)
+        print(printable(f"mha-verify: export failed: {exc}"), file=sys.stderr)
         return EXIT_FAIL
     except _Abort:
         print(f"mha-verify: validation failed; {str(out)!r} was not written", file=sys.stderr)
@@ -127,13 +128,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (TargetError, ModelError, ValueError, OSError) as exc:
         return _usage(str(exc))
-    print(info.describe())
+    print(printable(info.describe()))
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
                              bundle_dir=args.bundle_dir)
     limits = Limits(timeout=args.timeout) if args.isolate else None
     results = [interface_result(info, info.label), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
-    print(format_results(results))
+    print(printable(format_results(results)))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
 

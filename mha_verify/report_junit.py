@@ -5,12 +5,16 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
+from mha_verify.escape import printable
 from mha_verify.properties.results import CheckResult
 
 
 def document(results: Sequence[CheckResult], *, target: str) -> bytes:
-    """n/a checks are <skipped> with their reason; failures carry the counterexample and replay."""
-    root = ET.Element("testsuites", name=f"mha-verify {target}")
+    """n/a checks are <skipped> with their reason; failures carry the counterexample and replay.
+
+    Every string passes through :func:`~mha_verify.escape.printable`: an exception message with
+    ANSI colours once made the whole file unparseable."""
+    root = ET.Element("testsuites", name=printable(f"mha-verify {target}"))
     for stage in dict.fromkeys(r.stage for r in results):
         rows = [r for r in results if r.stage == stage]
         suite = ET.SubElement(
@@ -19,16 +23,17 @@ def document(results: Sequence[CheckResult], *, target: str) -> bytes:
             skipped=str(sum(r.verdict == "n/a" for r in rows)), time=f"{sum(r.seconds for r in rows):.3f}",
         )
         for r in rows:
-            case = ET.SubElement(suite, "testcase", classname=f"mha_verify.{stage}", name=r.name,
+            case = ET.SubElement(suite, "testcase", classname=f"mha_verify.{stage}", name=printable(r.name),
                                  time=f"{r.seconds:.3f}")
             if r.failed:
-                failure = ET.SubElement(case, "failure", message=(r.reason or "failed")[:500], type="Violation")
-                failure.text = "\n".join(x for x in (
+                failure = ET.SubElement(case, "failure", message=printable((r.reason or "failed")[:500]),
+                                        type="Violation")
+                failure.text = printable("\n".join(x for x in (
                     r.reason, f"counterexample: {r.counterexample}" if r.counterexample else None,
-                    f"replay: {r.replay}" if r.replay else None) if x)
+                    f"replay: {r.replay}" if r.replay else None) if x))
             elif r.verdict == "n/a":
-                ET.SubElement(case, "skipped", message=r.reason or "not applicable")
+                ET.SubElement(case, "skipped", message=printable(r.reason or "not applicable"))
             out = ET.SubElement(case, "system-out")
-            out.text = str(r)
+            out.text = printable(str(r))
     ET.indent(root)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True) + b"\n"

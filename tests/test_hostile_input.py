@@ -69,3 +69,20 @@ def test_a_tampered_bundle_is_refused_not_run(model: tuple[Path, dict[str, np.nd
         write_bundle(tmp_path, name="c", model_path=path, feed=feed, expected=expected, actual=None, allowed=1e-4,
                      provider="CPUExecutionProvider", opt_level="ORT_ENABLE_ALL; import os", output="out",
                      counterexample="", verdict="")
+
+
+def test_control_characters_never_reach_xml_or_a_terminal() -> None:
+    import xml.etree.ElementTree as ET
+
+    from mha_verify import report_junit, report_text
+    from mha_verify.escape import printable
+    from mha_verify.properties.results import CheckResult
+
+    ansi = "the target raised RuntimeError: \x1b[31mboom\x1b[0m\x00\x07"
+    results = [CheckResult("oracle_agreement\x1b[2J", "properties", "fail", reason=ansi, counterexample="B=1\x1b"),
+               CheckResult("lk_equals_lv", "properties", "n/a", reason="\x1bnot here")]
+    root = ET.fromstring(report_junit.document(results, target="x.py:\x1b[31mA"))  # parses: valid XML
+    text = ET.tostring(root, encoding="unicode")
+    assert "\x1b" not in text and "\\x1b[31mboom" in text
+    shown = printable(report_text.failures(results))
+    assert "\x1b" not in shown and "\x00" not in shown and "\\x1b" in shown
