@@ -18,7 +18,6 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mha_verify.export.atomic import AtomicWriter
 from mha_verify.properties.results import CheckResult
 
 FORMAT = "mha-verify-baseline/2"
@@ -72,9 +71,6 @@ def document(results: Sequence[CheckResult], context: dict[str, str], kept: dict
     return json.dumps({"format": FORMAT, "context": context, "worst": worst}, indent=2, sort_keys=True) + "\n"
 
 
-def store(results: Sequence[CheckResult], writer: AtomicWriter, context: dict[str, str],
-          kept: dict[str, float] | None = None) -> None:
-    writer.write_text(document(results, context, kept))
 
 
 def compare(results: Sequence[CheckResult], stored: dict[str, float], budget: float) -> list[CheckResult]:

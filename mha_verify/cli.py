@@ -182,13 +182,17 @@ def run_check(args: argparse.Namespace) -> int:
     print(printable(report_text.table(results)))
     print(printable(report_text.failures(results)))
     print(printable(report_text.summary(results)))
+    # every document is rendered before any is written: a renderer's error leaves no file, and a
+    # write that fails (a full disk) is one line naming the file, after the others were written
+    documents: dict[str, bytes] = {}
     if "report" in writers:
-        writers["report"].write_text(report_json.dumps(results, target=target.spec, profile=profile, seed=args.seed))
+        documents["report"] = report_json.dumps(results, target=target.spec, profile=profile,
+                                                seed=args.seed).encode("utf-8")
     if "junit" in writers:
-        writers["junit"].write_bytes(report_junit.document(results, target=target.spec))
+        documents["junit"] = report_junit.document(results, target=target.spec)
     if "html" in writers:
-        writers["html"].write_text(report_html.document(results, target=target.spec, profile=profile,
-                                                        versions=report_json.versions()))
+        documents["html"] = report_html.document(results, target=target.spec, profile=profile,
+                                                 versions=report_json.versions()).encode("utf-8")
     if "baseline" in writers:
         failed = [r.name for r in results if r.failed]
         if failed and not args.baseline_despite_failures:
@@ -196,7 +200,15 @@ def run_check(args: argparse.Namespace) -> int:
                   f"({', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}); fix them, or pass "
                   "--baseline-despite-failures (failed checks then keep their old entries)", file=sys.stderr)
         else:
-            baseline.store(results, writers["baseline"], context, kept)
+            documents["baseline"] = baseline.document(results, context, kept).encode("utf-8")
+    unwritten = []
+    for kind, data in documents.items():
+        try:
+            writers[kind].write_bytes(data)
+        except OSError as exc:
+            unwritten.append(f"{writers[kind].path} ({exc.strerror or exc})")
+    if unwritten:
+        raise UsageError(f"could not write {', '.join(unwritten)}; the verdicts are printed above")
     if not any(r.verdict in ("pass", "declared") for r in results):
         print("mha-verify: nothing was verified: no check passed (every one failed, warned or was not "
               "applicable); this is not a pass", file=sys.stderr)

@@ -184,7 +184,8 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise ModelError(f"model file {str(path)!r} does not exist")
     try:
         model = onnx.load(str(path))
-    except (DecodeError, ValueError, OSError, RuntimeError) as exc:
+    except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
+        # ValidationError: onnx refuses external data outside the model's folder, among others
         raise ModelError(f"{str(path)!r} is not an ONNX model: {type(exc).__name__}: {exc}") from None
     if not model.graph.node or not model.graph.output:
         raise ModelError(f"{str(path)!r} is not an ONNX model (no graph)")

@@ -86,3 +86,25 @@ def test_control_characters_never_reach_xml_or_a_terminal() -> None:
     assert "\x1b" not in text and "\\x1b[31mboom" in text
     shown = printable(report_text.failures(results))
     assert "\x1b" not in shown and "\x00" not in shown and "\\x1b" in shown
+
+
+def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "outside.bin").write_bytes(np.ones(16, np.float32).tobytes())
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    w.data_location = TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    for key, value in (("location", "../outside.bin"), ("offset", "0"), ("length", "64")):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph([helper.make_node("MatMul", ["q", "w"], ["out"])], "g",
+                              [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "l", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "l", 4])], [w])
+    (folder / "model.onnx").write_bytes(helper.make_model(graph).SerializeToString())
+    proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(folder / "model.onnx")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "points outside the directory" in proc.stderr
