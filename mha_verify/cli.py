@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
 from mha_verify import __version__
 from mha_verify.arg_types import finite_positive, positive_int, seed
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 
 SUBCOMMANDS = ("check", "export", "validate", "list")
 
@@ -236,14 +238,36 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["check", *argv]
     parser = build_parser()
     args = parser.parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
+    # CI cancels with SIGTERM: unwind, as for Ctrl-C
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return int(args.func(args))
     except UsageError as exc:
         print(printable(f"mha-verify: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("mha-verify: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        _stop_workers()
+        print(f"mha-verify: {'terminated' if isinstance(exc, Terminated) else 'interrupted'}", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that the run unwinds (temp files, workers) as for Ctrl-C."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def _stop_workers() -> None:
+    """End every worker process the run started, and what they started (see isolation.stop_all)."""
+    isolation = sys.modules.get("mha_verify.isolation")
+    if isolation is not None:
+        isolation.stop_all()
 
 
 if __name__ == "__main__":

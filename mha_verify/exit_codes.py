@@ -4,3 +4,4 @@ EXIT_OK = 0  # every check passed (or was declared, warned or not applicable, wi
 EXIT_FAIL = 1  # a check failed, or nothing was verified
 EXIT_USAGE = 2  # a usage or input error: one line on stderr, no traceback, no partial file
 EXIT_INTERRUPTED = 130  # interrupted by the user (SIGINT)
+EXIT_TERMINATED = 143  # ended by SIGTERM (a CI cancelling the job), every worker process ended too

@@ -110,6 +110,11 @@ def start_server() -> None:
 
 
 def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None) -> None:
+    if hasattr(os, "setpgrp"):
+        # a process group of its own: killing the group also ends whatever the target spawned
+        os.setpgrp()
+    # SIGTERM (from stop_all) unwinds the task, so that its temporary files are removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if memory_gb is not None:
         import resource
 
@@ -132,6 +137,10 @@ def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None
         try:
             results = getattr(gate, fn)(**kwargs)
             conn.send(("ok", results))
+        except SystemExit as exc:
+            if exc.code == 128 + signal.SIGTERM:  # stopped by the gate: the task was unwound, end here
+                return
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
         except BaseException as exc:  # reported by the parent as this task's failure
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -145,6 +154,34 @@ def _describe_exit(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+def _kill_group(pid: int | None) -> None:
+    """SIGKILL the worker's process group: the worker and every process the target started."""
+    if pid is None or not hasattr(os, "killpg"):
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+#: every worker alive in this process, so that a SIGTERM or SIGINT ends them all (see stop_all)
+_LIVE: set[Isolated] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_all(grace: float = 3.0) -> None:
+    """End every live worker and its process group (the CLI calls it on SIGTERM and SIGINT):
+    SIGTERM first, so that a task unwinds and removes its temporary files, then SIGKILL for what
+    is still alive after ``grace`` seconds (a hung target ignores signals in native code)."""
+    with _LIVE_LOCK:
+        workers = list(_LIVE)
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for worker in workers:
+        worker.wait(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        worker.kill()
 
 
 class Isolated:
@@ -163,9 +200,30 @@ class Isolated:
         self._proc.start()
         child.close()
         self._conn = parent
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+
+    def kill(self) -> None:
+        """End the worker and its process group now."""
+        self._kill()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the worker's process group."""
+        proc = self._proc
+        if proc is not None and hasattr(os, "killpg"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signum)
+
+    def wait(self, seconds: float) -> None:
+        proc = self._proc
+        if proc is not None:
+            proc.join(seconds)
 
     def _kill(self) -> None:
         if self._proc is not None:
+            _kill_group(self._proc.pid)
             self._proc.kill()
             self._proc.join(5)
         self._proc, self._conn = None, None
@@ -199,6 +257,8 @@ class Isolated:
                 self._conn.send(None)
             self._proc.join(10)
         self._kill()
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
 
 
 def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callable[[str], None] | None = None,
