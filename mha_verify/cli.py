@@ -120,7 +120,7 @@ def run_check(args: argparse.Namespace) -> int:
     from mha_verify import baseline, report_html, report_json, report_junit, report_text
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS
-    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, run_tasks
+    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, probe_target, run_tasks
     from mha_verify.properties import profiles
     from mha_verify.properties.protocol import TargetError
     from mha_verify.properties.suite import select
@@ -136,12 +136,13 @@ def run_check(args: argparse.Namespace) -> int:
             if getattr(args, flag) == "":
                 raise ValueError(f"--{flag.replace('_', '-')} is an empty path")
         props = select(names)
-        target = load_target(args.target, adapter=args.adapter)
+        spec = load_target(args.target, adapter=args.adapter).spec if args.no_isolation \
+            else probe_target(args.target, args.adapter, timeout=args.timeout)
         writers = {kind: AtomicWriter(path) for kind, path in
                    (("report", args.report), ("junit", args.junit), ("html", args.html)) if path}
         stored: dict[str, float] | None = None
         kept: dict[str, float] = {}
-        context = {"target": target.spec, "dtype": args.dtype, "profile": profile}
+        context = {"target": spec, "dtype": args.dtype, "profile": profile}
         if args.baseline:
             if Path(args.baseline).exists() and not args.update_baseline:
                 stored = baseline.load(args.baseline, context)
@@ -154,7 +155,7 @@ def run_check(args: argparse.Namespace) -> int:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (ValueError, TargetError, OSError) as exc:
         raise UsageError(str(exc)) from None
-    print(f"mha-verify {__version__}: checking {target.spec} with profile {profile}", file=sys.stderr)
+    print(f"mha-verify {__version__}: checking {spec} with profile {profile}", file=sys.stderr)
     common = dict(target_spec=args.target, adapter=args.adapter, profile=profile, max_examples=args.max_examples,
                   database=args.database)
     examples = args.max_examples or profiles.PROFILES[profile].max_examples
@@ -188,12 +189,12 @@ def run_check(args: argparse.Namespace) -> int:
     # write that fails (a full disk) is one line naming the file, after the others were written
     documents: dict[str, bytes] = {}
     if "report" in writers:
-        documents["report"] = report_json.dumps(results, target=target.spec, profile=profile,
+        documents["report"] = report_json.dumps(results, target=spec, profile=profile,
                                                 seed=args.seed).encode("utf-8")
     if "junit" in writers:
-        documents["junit"] = report_junit.document(results, target=target.spec)
+        documents["junit"] = report_junit.document(results, target=spec)
     if "html" in writers:
-        documents["html"] = report_html.document(results, target=target.spec, profile=profile,
+        documents["html"] = report_html.document(results, target=spec, profile=profile,
                                                  versions=report_json.versions()).encode("utf-8")
     if "baseline" in writers:
         failed = [r.name for r in results if r.failed]

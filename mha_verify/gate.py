@@ -74,3 +74,15 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
                            seed=seed_for(profile, seed, database), target_spec=target_spec, weights=weights,
                            weight_seed=weight_seed, mapping=mapping, d_model=d_model, n_head=n_head,
                            bundle_dir=bundle_dir, label=label)]
+
+
+def probe_target(*, target_spec: str | None, adapter: str | None) -> list[CheckResult]:
+    """Load and build the target (what the CLI checks before it starts): pass with its spec as the
+    reason, or fail with the usage error's message."""
+    from mha_verify.properties.protocol import TargetError
+
+    try:
+        spec = load_target(target_spec, adapter=adapter).spec
+    except (TargetError, ValueError) as exc:
+        return [CheckResult("target", "load", "fail", reason=str(exc), details={"usage": True})]
+    return [CheckResult("target", "load", "pass", reason=spec)]

@@ -324,3 +324,25 @@ def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callabl
         for t in threads:
             t.join()
     return [r for i in range(len(tasks)) for r in done[i]]
+
+
+def probe_target(target_spec: str | None, adapter: str | None, *, timeout: float | None = None) -> str:
+    """Import and build the target in a worker, under the checks' limits, and return its spec.
+
+    A target that crashes, hangs or exits while it is imported or built ends that worker, not the
+    gate: it is a TargetError (a usage error) naming what happened, as is any error it raises.
+    """
+    from mha_verify.properties.protocol import TargetError
+
+    worker = Isolated(Limits(timeout=timeout or MIN_TIMEOUT))
+    try:
+        (result,) = worker.run(Task("target", "load", "probe_target", {"target_spec": target_spec,
+                                                                       "adapter": adapter}))
+    finally:
+        worker.close()
+    if result.verdict == "pass":
+        return str(result.reason)
+    if result.details.get("usage"):  # the target's own error, already a sentence naming it
+        raise TargetError(str(result.reason))
+    raise TargetError(f"loading the target {target_spec or 'mha_verify.mha:MultiHeadAttention'} failed: "
+                      f"{result.reason}")

@@ -158,3 +158,15 @@ def test_a_target_that_exits_in_forward_fails_and_never_ends_green(isolation: li
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "2 failed" in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
     assert "sys.exit" in proc.stdout or "SystemExit" in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("target", "words"), [
+    ("SegfaultsInInit", "killed by SIGSEGV"), ("HangsInInit", "timed out after 5 s"),
+], ids=["segfault", "hang"])
+def test_a_target_that_crashes_or_hangs_while_built_is_a_usage_error(target: str, words: str) -> None:
+    proc = cli("--no-export", "--only", "determinism", "--timeout", "5",
+               "--target", f"tests/fixtures/bad_targets.py:{target}", timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "loading the target" in lines[0], proc.stderr
