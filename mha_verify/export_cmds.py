@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mha_verify.arg_types import positive_int, positive_seconds, seed
+from mha_verify.arg_types import finite_positive, positive_int, positive_seconds, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from mha_verify.properties.results import CheckResult
@@ -107,7 +107,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """
     from mha_verify.isolation import Limits, default_jobs, run_tasks
     from mha_verify.properties import profiles
-    from mha_verify.properties.onnx_interface import ModelError, parse_input_map, read_interface
+    from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map, read_interface
     from mha_verify.properties.ort_target import params_from_graph
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import interface_result, load_eager, validation_tasks
@@ -116,6 +116,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
         mapping = parse_input_map(args.inputs)
+        max_external = int(args.max_external_data_gb * 2**30)
+        load_model(args.model, external_data=False, max_external_bytes=max_external)  # refused here if too large
         info = read_interface(args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head)
         if info.d_model is None or info.n_head is None:
             raise ModelError(f"cannot tell d_model and n_head of {args.model} (d_model={info.d_model}, "
@@ -123,7 +125,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if args.weights is not None or args.target is not None:
             load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
         else:
-            params_from_graph(info)
+            params_from_graph(info, max_external_bytes=max_external)
         if args.bundle_dir:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (TargetError, ModelError, ValueError, OSError) as exc:
@@ -131,7 +133,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(printable(info.describe()))
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
-                             bundle_dir=args.bundle_dir)
+                             bundle_dir=args.bundle_dir, max_external_bytes=max_external)
     limits = Limits(timeout=args.timeout) if args.isolate else None
     results = [interface_result(info, info.label), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(printable(format_results(results)))
@@ -195,6 +197,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     help="run onnxruntime in this process (default: a child process, so a crash is a failure)")
     va.add_argument("--timeout", type=positive_seconds, default=600.0,
                     help="seconds before an isolated run counts as hung")
+    va.add_argument("--max-external-data-gb", type=finite_positive, default=2.0, metavar="GB",
+                    help="the most external data (tensors stored beside the model) read into memory (default 2)")
     va.add_argument("--jobs", type=positive_int, default=None, help="worker processes running checks side by side "
                     "(default: one per core)")
     va.set_defaults(func=cmd_validate)

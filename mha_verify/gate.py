@@ -65,7 +65,7 @@ def export_checks(*, target_spec: str | None, adapter: str | None, profile: str,
 def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str, max_examples: int | None,
                database: str | None, seed: int | None, target_spec: str | None, weights: str | None,
                weight_seed: int, mapping: dict[str, str], d_model: int | None, n_head: int | None,
-               bundle_dir: str | None, label: str) -> list[CheckResult]:
+               bundle_dir: str | None, label: str, max_external_bytes: int | None = None) -> list[CheckResult]:
     """One check (a property, or ort_vs_eager) of an ONNX model in one (provider, optimization level)."""
     from mha_verify.validation import run_onnx_check
 
@@ -73,7 +73,7 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
     return [run_onnx_check(model=model, check=check, provider=provider, opt=opt, settings=settings,
                            seed=seed_for(profile, seed, database), target_spec=target_spec, weights=weights,
                            weight_seed=weight_seed, mapping=mapping, d_model=d_model, n_head=n_head,
-                           bundle_dir=bundle_dir, label=label)]
+                           bundle_dir=bundle_dir, label=label, max_external_bytes=max_external_bytes)]
 
 
 def probe_target(*, target_spec: str | None, adapter: str | None) -> list[CheckResult]:

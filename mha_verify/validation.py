@@ -144,6 +144,7 @@ def validation_tasks(
     opt_levels: Sequence[str] = tuple(OPT_LEVELS), max_examples: int | None = None, database: str | None = None,
     seed: int | None = None, target_spec: str | None = None, weights: str | None = None, weight_seed: int = 0,
     mapping: dict[str, str] | None = None, bundle_dir: str | None = None, name: str | None = None,
+    max_external_bytes: int | None = None,
 ) -> list[Task]:
     """The checks of :func:`validate_model` as gate tasks for the isolation path.
 
@@ -155,6 +156,7 @@ def validation_tasks(
     common = dict(model=str(Path(path).resolve()), profile=profile, max_examples=max_examples, database=database,
                   seed=seed, target_spec=target_spec, weights=weights, weight_seed=weight_seed,
                   mapping=mapping or {}, d_model=info.d_model, n_head=info.n_head, bundle_dir=bundle_dir,
+                  max_external_bytes=max_external_bytes,
                   label=label)
     examples = max_examples or profiles.PROFILES[profile].max_examples
     return [Task(f"{label}/{provider}/{opt}/{check}", STAGE, "onnx_check",
@@ -164,13 +166,14 @@ def validation_tasks(
 
 def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings: Settings, seed: int | None,
                    target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
-                   d_model: int | None, n_head: int | None, bundle_dir: str | None, label: str) -> CheckResult:
+                   d_model: int | None, n_head: int | None, bundle_dir: str | None, label: str,
+                   max_external_bytes: int | None = None) -> CheckResult:
     """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
     info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
     eager = None
     if weights is not None or target_spec is not None:
         eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
-    params = eager.params() if eager is not None else params_from_graph(info)
+    params = eager.params() if eager is not None else params_from_graph(info, max_external_bytes=max_external_bytes)
     params = params.to(params.w_q.dtype)  # detached
     torch.set_num_threads(1)
     return check_target(OrtTarget(info, params, provider, opt), check, settings=settings, label=label,

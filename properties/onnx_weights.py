@@ -25,7 +25,8 @@ def _token_role(text: str) -> str | None:
     return None
 
 
-def projection_weights(path: str | os.PathLike[str], info: Interface) -> dict[str, np.ndarray] | None:
+def projection_weights(path: str | os.PathLike[str], info: Interface, *,
+                       max_external_bytes: int | None = None) -> dict[str, np.ndarray] | None:
     """The four projections from the graph's initializers, in nn.Linear's (out, in) layout.
 
     Returns {"w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o"} (biases may be absent)
@@ -37,7 +38,7 @@ def projection_weights(path: str | os.PathLike[str], info: Interface) -> dict[st
     d = info.d_model
     if d is None:
         return None
-    model = load_model(path)
+    model = load_model(path, max_external_bytes=max_external_bytes)
     consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
     for node in model.graph.node:

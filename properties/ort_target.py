@@ -177,9 +177,10 @@ class OrtInstance:
         return OrtInstance(self.info, self.session, self._params.to(self._params.w_q.dtype))
 
 
-def params_from_graph(info: Interface) -> MHAParams:
-    """The projections read from the model's initializers; ModelError (usage) if they cannot be told."""
-    found = projection_weights(info.path, info)
+def params_from_graph(info: Interface, *, max_external_bytes: int | None = None) -> MHAParams:
+    """The projections read from the model's initializers (external data up to ``max_external_bytes``);
+    ModelError (usage) if they cannot be told."""
+    found = projection_weights(info.path, info, max_external_bytes=max_external_bytes)
     if found is None:
         raise ModelError(f"cannot find the four (D, D) projections of {info.path.name} among its initializers; "
                          "pass --weights FILE (the layer's state_dict) with --target SPEC")

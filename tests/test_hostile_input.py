@@ -107,4 +107,25 @@ def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_p
     proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(folder / "model.onnx")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "points outside the directory" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "points outside the model's folder" in proc.stderr
+
+
+def test_external_data_past_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    from mha_verify.properties.onnx_interface import ModelError, load_model
+
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 4096)  # stands in for a file of gigabytes
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    w.data_location = TensorProto.EXTERNAL
+    w.ClearField("raw_data")
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", "64")):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph([helper.make_node("MatMul", ["q", "w"], ["out"])], "g",
+                              [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "l", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "l", 4])], [w])
+    (tmp_path / "model.onnx").write_bytes(helper.make_model(graph).SerializeToString())
+    with pytest.raises(ModelError, match="more than the"):
+        load_model(tmp_path / "model.onnx", max_external_bytes=1024)
+    assert load_model(tmp_path / "model.onnx", max_external_bytes=8192).graph.initializer[0].raw_data
