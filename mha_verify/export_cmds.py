@@ -105,7 +105,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     provider and optimization level a target), and onnxruntime against the eager target when one
     is given; each check a task of the gate's isolation path (a crash or hang is that check's failure).
     """
-    from mha_verify.isolation import Limits, default_jobs, run_tasks
+    from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
     from mha_verify.properties import profiles
     from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map, read_interface
     from mha_verify.properties.ort_target import params_from_graph
@@ -122,7 +122,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if info.d_model is None or info.n_head is None:
             raise ModelError(f"cannot tell d_model and n_head of {args.model} (d_model={info.d_model}, "
                              f"n_head={info.n_head}): pass --d-model and --n-head")
-        if args.weights is not None or args.target is not None:
+        if (args.weights is not None or args.target is not None) and args.isolate:  # its import runs isolated
+            probe("probe_eager", dict(model=args.model, target_spec=args.target, weights=args.weights,
+                                      weight_seed=args.weight_seed, mapping=mapping, d_model=args.d_model,
+                                      n_head=args.n_head), what="the eager target", timeout=args.timeout)
+        elif args.weights is not None or args.target is not None:
             load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
         else:
             params_from_graph(info, max_external_bytes=max_external)

@@ -76,6 +76,22 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
                            bundle_dir=bundle_dir, label=label, max_external_bytes=max_external_bytes)]
 
 
+def probe_eager(*, model: str, target_spec: str | None, weights: str | None, weight_seed: int,
+                mapping: dict[str, str], d_model: int | None, n_head: int | None) -> list[CheckResult]:
+    """Load the eager target at an ONNX model's sizes, with its weights file (``validate``'s check
+    before it starts): pass, or fail with the usage error's message."""
+    from mha_verify.properties.onnx_interface import ModelError, read_interface
+    from mha_verify.properties.protocol import TargetError
+    from mha_verify.validation import load_eager
+
+    try:
+        info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
+        load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+    except (TargetError, ModelError, ValueError) as exc:
+        return [CheckResult("eager", "load", "fail", reason=str(exc), details={"usage": True})]
+    return [CheckResult("eager", "load", "pass", reason=target_spec or "mha_verify.mha:MultiHeadAttention")]
+
+
 def probe_target(*, target_spec: str | None, adapter: str | None) -> list[CheckResult]:
     """Load and build the target (what the CLI checks before it starts): pass with its spec as the
     reason, or fail with the usage error's message."""

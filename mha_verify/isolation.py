@@ -326,23 +326,28 @@ def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callabl
     return [r for i in range(len(tasks)) for r in done[i]]
 
 
-def probe_target(target_spec: str | None, adapter: str | None, *, timeout: float | None = None) -> str:
-    """Import and build the target in a worker, under the checks' limits, and return its spec.
+def probe(fn: str, kwargs: dict[str, Any], *, what: str, timeout: float | None = None) -> str:
+    """Run the loading step ``mha_verify.gate.<fn>`` in a worker, under the checks' limits: the
+    reason of its passing result, else a TargetError (a usage error) naming what went wrong.
 
-    A target that crashes, hangs or exits while it is imported or built ends that worker, not the
-    gate: it is a TargetError (a usage error) naming what happened, as is any error it raises.
+    A target (or model) that crashes, hangs or exits while it is imported, built or loaded ends
+    that worker, not the gate.
     """
     from mha_verify.properties.protocol import TargetError
 
     worker = Isolated(Limits(timeout=timeout or MIN_TIMEOUT))
     try:
-        (result,) = worker.run(Task("target", "load", "probe_target", {"target_spec": target_spec,
-                                                                       "adapter": adapter}))
+        (result,) = worker.run(Task(what, "load", fn, kwargs))
     finally:
         worker.close()
     if result.verdict == "pass":
         return str(result.reason)
     if result.details.get("usage"):  # the target's own error, already a sentence naming it
         raise TargetError(str(result.reason))
-    raise TargetError(f"loading the target {target_spec or 'mha_verify.mha:MultiHeadAttention'} failed: "
-                      f"{result.reason}")
+    raise TargetError(f"loading {what} failed: {result.reason}")
+
+
+def probe_target(target_spec: str | None, adapter: str | None, *, timeout: float | None = None) -> str:
+    """Import and build the target in a worker (see :func:`probe`); its spec."""
+    return probe("probe_target", {"target_spec": target_spec, "adapter": adapter},
+                 what=f"the target {target_spec or 'mha_verify.mha:MultiHeadAttention'}", timeout=timeout)

@@ -175,8 +175,8 @@ def _dims(value: onnx.ValueInfoProto) -> tuple[Dim, ...]:
 
 
 #: the most external data (tensors stored beside the model, as dynamo exports write large ones)
-#: read into memory: a 21 KB model naming a 6 GB file would otherwise be read in full.
-#: ``validate --max-external-data-gb`` raises it.
+#: read into memory, and the largest model file read: a 21 KB model naming a 6 GB file would
+#: otherwise be read in full. ``validate --max-external-data-gb`` raises it.
 MAX_EXTERNAL_DATA_BYTES = 2 * 2**30
 
 
@@ -207,9 +207,12 @@ def load_model(path: str | os.PathLike[str], *, external_data: bool = True,
         raise ModelError(f"model file {str(path)!r} is a directory, not an ONNX file")
     if not path.is_file():
         raise ModelError(f"model file {str(path)!r} does not exist")
+    limit = MAX_EXTERNAL_DATA_BYTES if max_external_bytes is None else max_external_bytes
+    if path.stat().st_size > limit:
+        raise ModelError(f"{str(path)!r} is {path.stat().st_size / 2**30:.2f} GiB, more than the {limit / 2**30:.2f} "
+                         "GiB allowed: pass --max-external-data-gb to read it")
     try:
         model = onnx.load(str(path), load_external_data=False)
-        limit = MAX_EXTERNAL_DATA_BYTES if max_external_bytes is None else max_external_bytes
         size = external_data_bytes(model, path.parent)
         if size > limit:
             raise ModelError(f"{str(path)!r} names {size / 2**30:.2f} GiB of external data, more than the "
