@@ -26,23 +26,17 @@ def seed(text: str) -> int:
     return value
 
 
+def finite_positive(text: str, what: str = "number") -> float:
+    """A finite number > 0: a timeout, budget or size of 0, nan or inf would fail or disable every check."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a {what}, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite {what} > 0, got {text}")
+    return value
+
+
 def positive_seconds(text: str) -> float:
-    """A finite number of seconds > 0 (a timeout of 0, nan or inf would fail or disable every check)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds > 0, got {text}")
-    return value
-
-
-def finite_positive(text: str) -> float:
-    """A finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
-    return value
+    """A finite number of seconds > 0."""
+    return finite_positive(text, "number of seconds")

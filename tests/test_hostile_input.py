@@ -88,22 +88,27 @@ def test_control_characters_never_reach_xml_or_a_terminal() -> None:
     assert "\x1b" not in shown and "\x00" not in shown and "\\x1b" in shown
 
 
-def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_path: Path) -> None:
+def _external_model(path: Path, location: str) -> None:
+    """A one-MatMul model whose (4, 4) weight is external data at ``location`` (relative to ``path``)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    folder = tmp_path / "m"
-    folder.mkdir()
-    (tmp_path / "outside.bin").write_bytes(np.ones(16, np.float32).tobytes())
     w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
     w.data_location = TensorProto.EXTERNAL
     w.ClearField("raw_data")
-    for key, value in (("location", "../outside.bin"), ("offset", "0"), ("length", "64")):
+    for key, value in (("location", location), ("offset", "0"), ("length", "64")):
         entry = w.external_data.add()
         entry.key, entry.value = key, value
     graph = helper.make_graph([helper.make_node("MatMul", ["q", "w"], ["out"])], "g",
                               [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "l", 4])],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "l", 4])], [w])
-    (folder / "model.onnx").write_bytes(helper.make_model(graph).SerializeToString())
+    path.write_bytes(helper.make_model(graph).SerializeToString())
+
+
+def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "outside.bin").write_bytes(np.ones(16, np.float32).tobytes())
+    _external_model(folder / "model.onnx", "../outside.bin")
     proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(folder / "model.onnx")],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
@@ -111,21 +116,10 @@ def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_p
 
 
 def test_external_data_past_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    from onnx import TensorProto, helper, numpy_helper
-
     from mha_verify.properties.onnx_interface import ModelError, load_model
 
     (tmp_path / "weights.bin").write_bytes(b"\0" * 4096)  # stands in for a file of gigabytes
-    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
-    w.data_location = TensorProto.EXTERNAL
-    w.ClearField("raw_data")
-    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", "64")):
-        entry = w.external_data.add()
-        entry.key, entry.value = key, value
-    graph = helper.make_graph([helper.make_node("MatMul", ["q", "w"], ["out"])], "g",
-                              [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["b", "l", 4])],
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "l", 4])], [w])
-    (tmp_path / "model.onnx").write_bytes(helper.make_model(graph).SerializeToString())
+    _external_model(tmp_path / "model.onnx", "weights.bin")
     with pytest.raises(ModelError, match="more than the"):
         load_model(tmp_path / "model.onnx", max_external_bytes=1024)
     assert load_model(tmp_path / "model.onnx", max_external_bytes=8192).graph.initializer[0].raw_data
