@@ -123,3 +123,29 @@ def test_external_data_past_the_limit_is_refused_before_it_is_read(tmp_path: Pat
     with pytest.raises(ModelError, match="more than the"):
         load_model(tmp_path / "model.onnx", max_external_bytes=1024)
     assert load_model(tmp_path / "model.onnx", max_external_bytes=8192).graph.initializer[0].raw_data
+
+
+def test_small_input_mistakes_are_named() -> None:
+    import argparse
+
+    from mha_verify.cli import _replay_command
+    from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map
+
+    with pytest.raises(ValueError, match="names role q twice"):
+        parse_input_map("q=a,k=b,q=c")
+    with pytest.raises(ModelError, match="is a directory"):
+        load_model(Path(__file__).parent)
+    args = argparse.Namespace(target=None, adapter=None, profile=None, max_examples=None, seed=None,
+                              dtype="float32", database="db dir")
+    assert _replay_command(args, "oracle_agreement").endswith("--database 'db dir'")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
+def test_a_full_disk_is_one_line_naming_the_file_and_the_other_reports_are_written(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "--no-export", "--no-isolation", "--max-examples",
+                           "2", "--only", "lk_equals_lv", "--report", "/dev/full", "--junit", str(tmp_path / "j.xml")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "could not write /dev/full" in lines[-1] and "Traceback" not in proc.stderr
+    assert (tmp_path / "j.xml").stat().st_size > 0  # written: the failing one did not stop it
