@@ -240,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers
-    # CI cancels with SIGTERM: unwind, as for Ctrl-C
+    # CI cancels with SIGTERM: unwind, as for Ctrl-C. SIGINT gets Python's own handler even where
+    # the parent ignored it (a background job, a test runner's worker): the run must stay stoppable
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
         return int(args.func(args))
     except UsageError as exc:
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
 
 class Terminated(KeyboardInterrupt):
