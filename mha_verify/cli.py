@@ -245,7 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        if _TERMINATED.is_set():  # the signal's exception was swallowed where it landed (a gc callback)
+            print("mha-verify: terminated", file=sys.stderr)
+            return EXIT_TERMINATED
+        return code
     except UsageError as exc:
         print(printable(f"mha-verify: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
@@ -263,7 +267,13 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that the run unwinds (temp files, workers) as for Ctrl-C."""
 
 
+_TERMINATED = threading.Event()
+
+
 def _terminated(signum: int, frame: object) -> None:
+    # the workers end here and now: the exception below may land where Python swallows it
+    _TERMINATED.set()
+    _stop_workers()
     raise Terminated
 
 

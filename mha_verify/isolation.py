@@ -40,8 +40,10 @@ import contextlib
 import multiprocessing as mp
 import os
 import queue
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -109,12 +111,14 @@ def start_server() -> None:
         forkserver.ensure_running()
 
 
-def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None) -> None:
+def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None, tmp: str) -> None:
     if hasattr(os, "setpgrp"):
         # a process group of its own: killing the group also ends whatever the target spawned
         os.setpgrp()
-    # SIGTERM (from stop_all) unwinds the task, so that its temporary files are removed
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # every temporary file of the worker (and of what the target starts) goes into a folder the
+    # parent removes when the worker ends, however it ends (a killed worker unwinds nothing)
+    tempfile.tempdir = tmp
+    os.environ["TMPDIR"] = tmp
     if memory_gb is not None:
         import resource
 
@@ -137,10 +141,6 @@ def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None
         try:
             results = getattr(gate, fn)(**kwargs)
             conn.send(("ok", results))
-        except SystemExit as exc:
-            if exc.code == 128 + signal.SIGTERM:  # stopped by the gate: the task was unwound, end here
-                return
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
         except BaseException as exc:  # reported by the parent as this task's failure
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -169,17 +169,11 @@ _LIVE: set[Isolated] = set()
 _LIVE_LOCK = threading.Lock()
 
 
-def stop_all(grace: float = 3.0) -> None:
-    """End every live worker and its process group (the CLI calls it on SIGTERM and SIGINT):
-    SIGTERM first, so that a task unwinds and removes its temporary files, then SIGKILL for what
-    is still alive after ``grace`` seconds (a hung target ignores signals in native code)."""
+def stop_all() -> None:
+    """End every live worker, its process group and its temporary folder (the CLI calls it on
+    SIGTERM and SIGINT): SIGKILL, since a hung target ignores gentler signals in native code."""
     with _LIVE_LOCK:
         workers = list(_LIVE)
-    for worker in workers:
-        worker.signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for worker in workers:
-        worker.wait(max(0.0, deadline - time.monotonic()))
     for worker in workers:
         worker.kill()
 
@@ -192,11 +186,13 @@ class Isolated:
         self._ctx: Any = _context()
         self._proc: Any = None
         self._conn: Connection | None = None
+        self._tmp: str | None = None
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
+        self._tmp = tempfile.mkdtemp(prefix="mha-verify-worker-")
         self._proc = self._ctx.Process(target=_worker, daemon=True,
-                                       args=(child, self.limits.memory_gb, self.limits.torch_threads))
+                                       args=(child, self.limits.memory_gb, self.limits.torch_threads, self._tmp))
         self._proc.start()
         child.close()
         self._conn = parent
@@ -209,24 +205,16 @@ class Isolated:
         with _LIVE_LOCK:
             _LIVE.discard(self)
 
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to the worker's process group."""
-        proc = self._proc
-        if proc is not None and hasattr(os, "killpg"):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signum)
 
-    def wait(self, seconds: float) -> None:
-        proc = self._proc
-        if proc is not None:
-            proc.join(seconds)
 
     def _kill(self) -> None:
         if self._proc is not None:
             _kill_group(self._proc.pid)
             self._proc.kill()
             self._proc.join(5)
-        self._proc, self._conn = None, None
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        self._proc, self._conn, self._tmp = None, None, None
 
     def run(self, task: Task) -> list[CheckResult]:
         if self._proc is None or not self._proc.is_alive():
