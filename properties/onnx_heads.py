@@ -13,7 +13,10 @@ from onnx import numpy_helper
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    """The graph's constants held in the file itself: the shape constants of a head split are small
+    and embedded; tensors stored as external data (weights) are not read here."""
+    out = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer
+           if i.data_location != onnx.TensorProto.EXTERNAL}
     for node in model.graph.node:
         if node.op_type == "Constant":
             for a in node.attribute:
