@@ -166,7 +166,7 @@ def _kill_group(pid: int | None) -> None:
 
 #: every worker alive in this process, so that a SIGTERM or SIGINT ends them all (see stop_all)
 _LIVE: set[Isolated] = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE_LOCK = threading.RLock()  # re-entrant: the SIGTERM handler may run while the main thread holds it
 
 
 def stop_all() -> None:
