@@ -17,7 +17,7 @@ from mha_verify.properties import profiles
 from mha_verify.properties.runner import run_property
 from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import Target
-from tests.mutants import CATALOG
+from tests.mutants import CATALOG, KERNEL_MUTANTS
 
 
 def main() -> None:
@@ -27,16 +27,22 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     settings = profiles.PROFILES[args.profile]
-    names = args.only.split(",") if args.only else list(CATALOG)
-    print("| mutant | property | verdict | examples | seconds | counterexample |")
-    print("|---|---|---|---|---|---|")
+    table = {name: (cls, expected, torch.float32) for name, (cls, expected) in CATALOG.items()}
+    table.update({name: (cls, expected, dtype) for name, (cls, expected, dtype, _) in KERNEL_MUTANTS.items()})
+    names = args.only.split(",") if args.only else list(table)
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        parser.error(f"--only: unknown mutants {', '.join(unknown)}")
+    print("| mutant | property | dtype | verdict | examples | seconds | counterexample |")
+    print("|---|---|---|---|---|---|---|")
     for name in names:
-        cls, expected = CATALOG[name]
+        cls, expected, dtype = table[name]
         start = time.perf_counter()
         result = run_property(all_properties()[expected], Target(f"tests.mutants:{cls.__name__}", cls),
-                              settings=settings)
-        print(f"| {name} | {expected} | {result.verdict} | {result.examples} | {time.perf_counter() - start:.1f} | "
-              f"{result.counterexample or '-'} |", flush=True)
+                              settings=settings, dtype=dtype)
+        dtype_name = str(dtype).replace("torch.", "")
+        print(f"| {name} | {expected} | {dtype_name} | {result.verdict} | {result.examples} | "
+              f"{time.perf_counter() - start:.1f} | {result.counterexample or '-'} |", flush=True)
 
 
 if __name__ == "__main__":

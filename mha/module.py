@@ -115,7 +115,9 @@ class MultiHeadAttention(nn.Module):
         self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The seed's explicit formula, returning (heads (B, H, Lq, Hd), weights (B, H, Lq, Lk))."""
-        score = torch.matmul(qh, kh.transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
+        # q scaled before the product: (q k^T) * scale overflows float16 (65504) before the scale
+        # brings the scores back, at inputs of magnitude ~80 and head width 128
+        score = torch.matmul(qh * self.scale, kh.transpose(-2, -1))  # (B, H, Lq, Lk)
         if mask is not None:
             if mask.dtype == torch.bool:
                 score = score.masked_fill(~mask, float("-inf"))

@@ -71,7 +71,7 @@ def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-    *, scale: float | None = None, causal: bool = False, fully_masked: str = "zeros",
+    *, scale: float | None = None, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale + mask) v, computed in the dtype of q.
 
@@ -84,13 +84,21 @@ def attention(
         fully_masked: what a query row with every key removed gets: "zeros" (our contract:
             zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that
             masks with ``finfo.min`` computes) or "nan".
+        via_lse: weights as exp(score - lse), the form in which flash-style kernels recompute them in
+            their backward pass: the per-row logsumexp ``lse`` stored by the forward pass, and the
+            scores recomputed by the backward, are two roundings of the same scores (here: lse of
+            the scores perturbed by one rounding error of the dtype, fixed seed). At scores of 1e4
+            in float32 that moves every weight by ~1e-3 where exp(score - max) / sum is exact.
     Returns:
         (output (..., Lq, Hv), weights (..., Lq, Lk)).
     """
     if fully_masked not in FULLY_MASKED:
         raise ValueError(f"fully_masked must be one of {FULLY_MASKED}, got fully_masked={fully_masked!r}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    score = (q @ k.transpose(-2, -1)) * scale  # (..., Lq, Lk)
+    # q is scaled before the product, as SDPA's math path does: (q k^T) * scale overflows float16
+    # at scores of 65504 before the scale brings them back (inputs of magnitude ~80 at Hd = 128),
+    # where the float64 oracle and any pre-scaling layer stay finite
+    score = (q * scale) @ k.transpose(-2, -1)  # (..., Lq, Lk)
     if causal:
         keep = causal_keep(score.shape[-2], score.shape[-1], score.device)
         mask = keep if mask is None else _and(mask, keep)
@@ -104,7 +112,15 @@ def attention(
     total = e.sum(dim=-1, keepdim=True)
     masked_rows = {"zeros": torch.zeros_like(e), "uniform": torch.full_like(e, 1.0 / e.shape[-1]),
             "nan": torch.full_like(e, math.nan)}[fully_masked]
-    weights = torch.where(has_key, e / torch.where(has_key, total, torch.ones_like(total)), masked_rows)
+    if via_lse:
+        eps = torch.finfo(score.dtype).eps
+        jitter = 1 + eps * (2 * torch.rand(score.shape, generator=torch.Generator().manual_seed(0)) - 1)
+        rounded = torch.where(torch.isfinite(score), score * jitter.to(score.dtype), score)
+        lse = torch.logsumexp(rounded, dim=-1, keepdim=True)
+        normalized = torch.exp(score - torch.where(has_key, lse, torch.zeros_like(lse)))
+    else:
+        normalized = e / torch.where(has_key, total, torch.ones_like(total))
+    weights = torch.where(has_key, normalized, masked_rows)
     return weights @ v, weights
 
 
@@ -146,22 +162,44 @@ def concat_heads(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`multi_head` before its output projection: (heads concatenated (B, Lq, D), weights
     (B, H, Lq, Lk)) in ``dtype``; ``output_projection`` of the first is ``multi_head``'s output."""
-    p = params.to(dtype)
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
+    return _concat_heads(q, k, v, params.to(dtype), n_head, mask, causal=causal, fully_masked=fully_masked)
+
+
+def _concat_heads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: MHAParams, n_head: int, mask: torch.Tensor | None,
+    *, causal: bool, fully_masked: str, via_lse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`concat_heads` on inputs and weights already in one dtype, on autograd's graph."""
     d = q.shape[-1]
     hd = d // n_head
-    n_kv = kv_heads(params, n_head)
+    n_kv = kv_heads(p, n_head)
     # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd); keys and values: (B, Hkv, L, Hd) repeated to H
     qh = _linear(q, p.w_q, p.b_q).reshape(*q.shape[:-1], n_head, hd).transpose(-3, -2)
     kh = _linear(k, p.w_k, p.b_k).reshape(*k.shape[:-1], n_kv, hd).transpose(-3, -2)
     vh = _linear(v, p.w_v, p.b_v).reshape(*v.shape[:-1], n_kv, hd).transpose(-3, -2)
     kh = kh.repeat_interleave(n_head // n_kv, dim=-3)
     vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
-    m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(dtype))
+    m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(q.dtype))
     # (B, H, Lq, Hd), (B, H, Lq, Lk)
-    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked)
+    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, via_lse=via_lse)
     # (B, H, Lq, Hd) -> (B, Lq, H, Hd) -> (B, Lq, D)
     return heads.transpose(-3, -2).reshape(*q.shape[:-1], d), weights
+
+
+def multi_head_graph(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
+    mask: torch.Tensor | None = None, *, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
+) -> torch.Tensor:
+    """:func:`multi_head`'s output (B, Lq, D), differentiable: nothing is detached or converted.
+
+    q, k, v and every weight of ``params`` must share one dtype (the caller converts them, as
+    leaves of its own graph); gradients flow to each of them that requires grad. ``via_lse`` as
+    in :func:`attention`.
+    """
+    concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked,
+                              via_lse=via_lse)
+    return output_projection(concat, params)
 
 
 def same_precision(

@@ -64,6 +64,7 @@ def examples_for(
     min_len: int = 1,
     mixed_scales: bool = False,
     large_negatives: bool = True,
+    layouts: bool = True,
 ) -> st.SearchStrategy[AttnExample] | str:
     """Examples the target can take, or the reason (a str) why the property cannot apply.
 
@@ -73,7 +74,8 @@ def examples_for(
     that ask for no ``large_negatives`` (finite differences cannot resolve a score of 1e9);
     a target of fixed sizes or dtype gets only those. Targets that declare something other
     than zeros on fully masked rows get examples without such rows (the
-    ``fully_masked_rows`` property checks their declaration separately).
+    ``fully_masked_rows`` property checks their declaration separately). ``layouts=False``: fresh
+    contiguous tensors only (otherwise a third come as views callers produce, :data:`LAYOUTS`).
     """
     conventions = _mask_conventions(conv, removal=need_mask or not large_negatives)
     if not conventions:
@@ -95,7 +97,8 @@ def examples_for(
     if not conv.cross_attention:
         shapes = shapes.map(lambda s: s._replace(lk=s.lq))
     masks: st.SearchStrategy[MaskSpec] = mask_specs(kinds=kinds, forms=forms, conventions=conventions or ("bool",))
-    strategy = attention_examples(shapes=shapes, masks=masks, scales=scales, dtype=dtype, mixed_scales=mixed_scales)
+    strategy = attention_examples(shapes=shapes, masks=masks, scales=scales, dtype=dtype, mixed_scales=mixed_scales,
+                                  layouts=layouts)
     if not conv.cross_attention:
         strategy = strategy.map(lambda ex: ex._replace(k=ex.q, v=ex.q))
     if conv.fully_masked != "zeros":

@@ -4,7 +4,8 @@ The runner hands each property its instance wrapped here, so the output contract
 in one place for every property, eager module and onnxruntime session alike (as PyTorch's
 OpInfo harness checks every operator's outputs in one place rather than per test):
 
-* the output of ``instance(q, k, v, mask)`` is a tensor of shape (B, Lq, D);
+* the output of ``instance(q, k, v, mask)`` is a tensor of shape (B, Lq, D), of q's dtype (or
+  the dtype the target declares, ``output_dtype``) and on q's device;
 * the weights of ``with_weights`` are (B, H, Lq, Lk);
 * q, k, v and the mask are bitwise unchanged by the call (a layer that writes into its inputs
   was caught only by luck, when a later call reused the changed tensor).
@@ -22,13 +23,25 @@ from mha_verify.properties.measure import Violation
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 
 
-def _output(out: object, q: torch.Tensor, d_model: int) -> torch.Tensor:
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _output(out: object, q: torch.Tensor, d_model: int, declared: torch.dtype | None, what: str = "output"
+            ) -> torch.Tensor:
     __tracebackhide__ = True
     if not isinstance(out, torch.Tensor):
         raise Violation(f"output contract: the target returned {type(out).__name__}, not a tensor")
     want = (q.shape[0], q.shape[1], d_model)
-    if tuple(out.shape) != want:
+    if what == "output" and tuple(out.shape) != want:
         raise Violation(f"output contract: output shape {tuple(out.shape)}, but should be (B, Lq, D) = {want}")
+    dtype = q.dtype if declared is None else declared
+    if out.dtype != dtype:
+        why = "the dtype the target declares" if declared is not None else "the dtype of its inputs"
+        raise Violation(f"output contract: {what} dtype {_name(out.dtype)} for {_name(q.dtype)} inputs, but should be "
+                        f"{_name(dtype)} ({why}; declare output_dtype if that is intended)")
+    if out.device != q.device:
+        raise Violation(f"output contract: {what} on device {out.device}, but the inputs are on {q.device}")
     return out
 
 
@@ -75,7 +88,7 @@ class Checked:
         before = _snapshot(q, k, v, mask)
         out = self.inner(q, k, v, mask)
         _unchanged(before, q, k, v, mask)
-        return _output(out, q, self.d_model)
+        return _output(out, q, self.d_model, self.conventions.output_dtype)
 
     def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +99,8 @@ class Checked:
         if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != want:
             got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
             raise Violation(f"output contract: attention weights {got}, but should be (B, H, Lq, Lk) = {want}")
-        return _output(out, q, self.d_model), weights
+        declared = self.conventions.output_dtype
+        return _output(out, q, self.d_model, declared), _output(weights, q, self.d_model, declared, "weights")
 
     def set_dropout(self, p: float) -> bool:
         return self.inner.set_dropout(p)

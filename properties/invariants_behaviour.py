@@ -8,7 +8,7 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.properties.applicable import examples_for, fully_masked
-from mha_verify.properties.measure import Measure, Violation, close, relation_allowed
+from mha_verify.properties.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample, make_example
@@ -95,18 +95,24 @@ def determinism(bound: Instance, ex: AttnExample) -> Measure:
 
 def _large(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if conv.dtype == torch.float16:
-        return ("in float16 the scores of inputs of magnitude 1e2-1e3 exceed its range (65504) in any layer; "
-                "run it in float32 or bfloat16")
+        # 1e3 overflows any float16 evaluation (the projections' scores reach ~1e6); at 100 the
+        # pre-scaled scores (q / sqrt(Hd)) k stay near 3e3 while unscaled ones reach the limit
+        return examples_for(conv, scales=st.just(100.0))
     return examples_for(conv, scales=st.sampled_from((100.0, 1e3)))
 
 
-@invariant("finite_large_inputs", strategy=_large)
+@invariant("finite_large_inputs", strategy=_large, reach="full")
 def finite_large_inputs(bound: Instance, ex: AttnExample) -> Measure:
-    """Finite inputs of large magnitude (1e2 to 1e3) give finite outputs.
+    """Finite inputs of large magnitude (1e2 to 1e3; float16: 1e2) give finite outputs.
 
     Scores then reach ~1e5 and more, where exp() overflows float32 unless the row maximum is
-    subtracted before the softmax.
+    subtracted before the softmax; in float16, inputs of magnitude 100 give unscaled scores q.k
+    near its limit (65504) at head width 128, which a layer must scale before the product. In
+    float16 and bfloat16, an example on which the pre-scaled same-precision formula itself is not
+    finite is not checked.
     """
+    if ex.q.dtype in (torch.float16, torch.bfloat16) and not bool(torch.isfinite(oracle(bound, ex)[2]).all()):
+        return UNCHECKED  # past what a pre-scaled evaluation in this dtype survives: no layer is held to it
     out = bound(ex.q, ex.k, ex.v, ex.mask).detach()
     if not bool(torch.isfinite(out).all()):
         where = tuple(int(i) for i in torch.nonzero(~torch.isfinite(out))[0][:2])

@@ -64,6 +64,8 @@ class Conventions:
     kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
     torch_modes: torch's inference mode and training mode reach the computation (False for an
         onnxruntime session: it computes the same whatever torch's modes).
+    output_dtype: the dtype of every output whatever the inputs' (a layer that always returns
+        float32, say), declared; None: the output has the dtype of q (the contract).
     notes: the conventions in words, printed in the report.
     """
 
@@ -79,13 +81,15 @@ class Conventions:
     dtype: torch.dtype | None = None
     kv_heads: int | None = None
     torch_modes: bool = True
+    output_dtype: torch.dtype | None = None
     notes: tuple[str, ...] = field(default=())
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
-        negation), weights, fully_masked, causal, grads, dropout, kv_heads.
+        negation), weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
+        ("float16", "bfloat16", "float32", "float64").
         """
         changes: dict[str, object] = {}
         for key, value in declaration.items():
@@ -113,6 +117,8 @@ class Conventions:
             parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
         if self.dtype is not None:
             parts.append(str(self.dtype).replace("torch.", ""))
+        if self.output_dtype is not None:
+            parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
         return "; ".join(parts + list(self.notes))
 
 
@@ -150,6 +156,18 @@ def _positive_or_none(value: object) -> int | None:
     return value
 
 
+_OUTPUT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+                  "float64": torch.float64}
+
+
+def _output_dtype(value: object) -> torch.dtype | None:
+    if value is None or (isinstance(value, torch.dtype) and value in _OUTPUT_DTYPES.values()):
+        return value
+    if not isinstance(value, str) or value not in _OUTPUT_DTYPES:
+        raise ValueError(f"expected one of {tuple(_OUTPUT_DTYPES)} or None")
+    return _OUTPUT_DTYPES[value]
+
+
 _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "mask": ("mask", _subset(("bool", "float"))),
     "mask_forms": ("mask_forms", _subset(MASK_FORMS)),
@@ -161,6 +179,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "grads": ("grads", _flag),
     "dropout": ("dropout", _flag),
     "kv_heads": ("kv_heads", _positive_or_none),
+    "output_dtype": ("output_dtype", _output_dtype),
 }
 
 

@@ -47,8 +47,19 @@ SIZE_CASES: tuple[tuple[str, object], ...] = (
 )
 # Per-item magnitudes of q, k and v: 1e3 overflows exp() in a softmax without max-subtraction.
 MAGNITUDES = (1.0, 1e-3, 1e-2, 0.1, 10.0, 100.0, 1e3)
-# float16 overflows (65504) on the scores of items of magnitude 100 and more.
-FLOAT16_MAGNITUDES = (1.0, 1e-3, 1e-2, 0.1, 10.0)
+# float16 tops out at 65504. At magnitude 100 the projections are ~60 and, at Hd = 128, the
+# unscaled scores q.k ~ 4e4 with tails past the limit: a layer that computes (q k^T) / sqrt(Hd)
+# in float16 overflows there, while the pre-scaled scores (q / sqrt(Hd)) k ~ 3e3 stay finite.
+# Magnitude 1e3 overflows every float16 evaluation, the oracle's same-precision one included.
+FLOAT16_MAGNITUDES = (1.0, 1e-3, 1e-2, 0.1, 10.0, 100.0)
+# How the caller's tensors sit in memory. "contiguous": fresh tensors. "transposed": q, k and v are
+# transposed views of (L, B, D) storage (sequence-first callers, torch MHA's own layout);
+# "fused": slices of one (B, L, 3D) tensor, qkv.chunk(3, -1) of a fused projection (k and v
+# only, from (B, Lk, 2D), when Lq != Lk); "cache": k and v are the first Lk rows of a
+# preallocated (B, Lk + 3, D) cache whose unused rows hold NaN (static KV caches); "expanded_mask":
+# the mask is a stride-0 expansion along each axis where its values are constant (a padding
+# mask .expand()-ed over heads and queries, a causal mask over the batch).
+LAYOUTS = ("contiguous", "transposed", "fused", "cache", "expanded_mask")
 
 
 class Sizes(NamedTuple):
@@ -93,6 +104,7 @@ class AttnExample(NamedTuple):
     mask_spec: MaskSpec
     scales: tuple[float, ...]
     seed: int
+    layout: str = "contiguous"
 
     def describe(self) -> str:
         """A one-line, human-readable summary of this example (for counterexamples)."""
@@ -104,7 +116,7 @@ class AttnExample(NamedTuple):
         return (
             f"B={s.batch} Lq={s.lq} Lk={s.lk} D={s.d_model} H={s.n_head} (Hd={s.head_dim}), "
             f"{m}, item scales={list(self.scales)}, dtype={str(self.q.dtype).replace('torch.', '')}, "
-            f"value seed={self.seed}"
+            f"value seed={self.seed}" + ("" if self.layout == "contiguous" else f", layout {self.layout}")
         )
 
 
@@ -290,12 +302,15 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
     elif kind == "random":
         keep = torch.rand(shape, generator=gen) < 0.6
     elif kind == "padding":
-        # per item (where the form has a batch axis): keys at and past the item's length are padding;
-        # the first item always has at least one padded key when Lk > 1
+        # per item (where the form has a batch axis) a length, padded on the right (encoder
+        # batches), on the left (decoder batches) or with holes (packed or filtered tokens); the
+        # first item always has at least one padded key when Lk > 1
         n_items = shape[0] if len(shape) == 4 else 1
         lengths = torch.randint(1, s.lk + 1, (n_items,), generator=gen)  # (n_items,)
         lengths[0] = min(int(lengths[0]), max(1, s.lk - 1))
-        keep = (torch.arange(s.lk) < lengths.view(-1, 1, 1, 1))  # (n_items, 1, 1, Lk)
+        sides = torch.randint(0, len(PADDING_SIDES), (n_items,), generator=gen)
+        keep = torch.stack([_padded(int(n), PADDING_SIDES[int(side)], s.lk, gen)
+                            for n, side in zip(lengths, sides, strict=True)]).view(n_items, 1, 1, s.lk)
         keep = keep.expand(n_items, *shape[-3:]) if len(shape) == 4 else keep[0, 0].expand(shape)
     elif kind == "causal":
         keep = causal_keep(s.lq, s.lk).expand(shape)
@@ -313,6 +328,21 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
     else:
         raise ValueError(f"kind must be one of {MASK_KINDS}, got kind={spec.kind!r}")
     return keep.contiguous()
+
+
+PADDING_SIDES = ("right", "left", "holes")
+
+
+def _padded(length: int, side: str, lk: int, gen: torch.Generator) -> torch.Tensor:
+    """bool (Lk,): ``length`` kept keys, padded on ``side`` (holes: kept keys at random places)."""
+    at = torch.arange(lk)
+    if side == "right":
+        return at < length
+    if side == "left":
+        return at >= lk - length
+    keep = torch.zeros(lk, dtype=torch.bool)
+    keep[torch.randperm(lk, generator=gen)[:length]] = True
+    return keep
 
 
 # finite large negatives that layers use to remove keys; drawn per mask from its seed
@@ -360,13 +390,15 @@ def attention_examples(
     scales: st.SearchStrategy[float] | None = None,
     dtype: torch.dtype = torch.float32,
     mixed_scales: bool = False,
+    layouts: bool = True,
 ) -> st.SearchStrategy[AttnExample]:
     """Inputs for a multi-head attention layer: q, k, v and a mask, with k and v distinct.
 
     ``shapes`` defaults to :func:`sizes`, ``masks`` to :func:`mask_specs` and ``scales`` to
-    :func:`magnitudes` (for float16, whose scores overflow at 65504, magnitudes up to 10).
+    :func:`magnitudes` (for float16, whose scores overflow at 65504, magnitudes up to 100).
     Each batch item gets its own magnitude; with ``mixed_scales`` every batch of two or more
-    items holds one item at 1e-3 and one at 1e3, side by side.
+    items holds one item at 1e-3 and one at 1e3 (float16: 100), side by side. About a third of
+    the examples come in a non-contiguous :data:`LAYOUTS` layout (``layouts=False``: none).
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got dtype={dtype!r}")
@@ -374,26 +406,35 @@ def attention_examples(
     mask_st = mask_specs() if masks is None else masks
     if scales is None:
         scales = magnitudes(values=FLOAT16_MAGNITUDES) if dtype == torch.float16 else magnitudes()
-    return _draw_example(size_st, mask_st, scales, dtype, mixed_scales)
+    return _draw_example(size_st, mask_st, scales, dtype, mixed_scales, _LAYOUT_DRAWS if layouts else ("contiguous",))
+
+
+# Contiguous first (where a counterexample shrinks to) and last (Hypothesis draws the ends of a
+# sampled_from most often): about a third of the examples come in another layout.
+_LAYOUT_DRAWS = ("contiguous", "transposed", "contiguous", "fused", "contiguous", "cache", "contiguous",
+                 "expanded_mask", "contiguous")
 
 
 @st.composite
 def _draw_example(draw: st.DrawFn, size_st: st.SearchStrategy[Sizes], mask_st: st.SearchStrategy[MaskSpec],
-                  scale_st: st.SearchStrategy[float], dtype: torch.dtype, mixed_scales: bool) -> AttnExample:
+                  scale_st: st.SearchStrategy[float], dtype: torch.dtype, mixed_scales: bool,
+                  layouts: tuple[str, ...]) -> AttnExample:
     s = draw(size_st)
     spec = draw(mask_st)
     item_scales = tuple(draw(st.lists(scale_st, min_size=s.batch, max_size=s.batch)))
     if mixed_scales and s.batch >= 2:
         small, large = draw(st.permutations(range(s.batch)))[:2]
-        extremes = (1e-3, 1e3) if dtype != torch.float16 else (1e-3, 10.0)
+        extremes = (1e-3, 1e3) if dtype != torch.float16 else (1e-3, 100.0)
         item_scales = tuple(extremes[0] if i == small else extremes[1] if i == large else x
                             for i, x in enumerate(item_scales))
     seed = draw(st.integers(0, 2**16))
-    return make_example(s, spec, item_scales, seed, dtype)
+    layout = draw(st.sampled_from(layouts))
+    return make_example(s, spec, item_scales, seed, dtype, layout)
 
 
 def make_example(
-    s: Sizes, spec: MaskSpec, item_scales: tuple[float, ...], seed: int, dtype: torch.dtype = torch.float32
+    s: Sizes, spec: MaskSpec, item_scales: tuple[float, ...], seed: int, dtype: torch.dtype = torch.float32,
+    layout: str = "contiguous",
 ) -> AttnExample:
     """Build the tensors of an example from its description (what a replay needs)."""
     gen = torch.Generator().manual_seed(seed)
@@ -401,4 +442,49 @@ def make_example(
     q = (torch.randn(s.batch, s.lq, s.d_model, generator=gen, dtype=torch.float64) * scale).to(dtype)
     k = (torch.randn(s.batch, s.lk, s.d_model, generator=gen, dtype=torch.float64) * scale).to(dtype)
     v = (torch.randn(s.batch, s.lk, s.d_model, generator=gen, dtype=torch.float64) * scale).to(dtype)
-    return AttnExample(s, q, k, v, build_mask(spec, s, dtype), spec, item_scales, seed)
+    return with_layout(AttnExample(s, q, k, v, build_mask(spec, s, dtype), spec, item_scales, seed), layout)
+
+
+def with_layout(ex: AttnExample, layout: str) -> AttnExample:
+    """The same values as ``ex`` in ``layout`` (one of :data:`LAYOUTS`); q, k and v keep their
+    identity relations (q is k is v stays so). ``ex.layout`` names what was applied: "contiguous"
+    where the layout has nothing to change (no mask to expand, or no axis it is constant along)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got layout={layout!r}")
+    q, k, v = ex.q.contiguous(), ex.k.contiguous(), ex.v.contiguous()
+    mask = None if ex.mask is None else ex.mask.contiguous()
+    shared = ex.k is ex.q and ex.v is ex.q  # a self-attention example: one tensor in three roles
+    applied = layout
+    if layout == "transposed":
+        q, k, v = (t.transpose(0, 1).contiguous().transpose(0, 1) for t in (q, k, v))  # (L, B, D) storage
+    elif layout == "fused" and q.shape[1] == k.shape[1]:
+        q, k, v = torch.cat([q, k, v], dim=-1).chunk(3, dim=-1)  # slices of (B, L, 3D)
+    elif layout == "fused":
+        k, v = torch.cat([k, v], dim=-1).chunk(2, dim=-1)  # slices of (B, Lk, 2D)
+    elif layout == "cache":
+        k, v = (_cached(t) for t in (k, v))
+    elif layout == "expanded_mask":
+        mask, applied = _expanded(mask)
+    if shared:
+        k = v = q
+    return ex._replace(q=q, k=k, v=v, mask=mask, layout=applied)
+
+
+def _cached(t: torch.Tensor) -> torch.Tensor:
+    """(B, L, D) -> the first L rows of a (B, L + 3, D) buffer whose other rows are NaN."""
+    buffer = torch.full((t.shape[0], t.shape[1] + 3, t.shape[2]), math.nan, dtype=t.dtype)
+    buffer[:, :t.shape[1]] = t
+    return buffer[:, :t.shape[1]]
+
+
+def _expanded(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, str]:
+    """``mask`` as a stride-0 expansion along every axis of size > 1 it is constant along."""
+    if mask is None:
+        return None, "contiguous"
+    base = mask
+    for axis in range(mask.dim()):
+        if mask.shape[axis] > 1 and bool((mask == mask.narrow(axis, 0, 1)).all()):
+            base = base.narrow(axis, 0, 1)
+    if base.shape == mask.shape:
+        return mask, "contiguous"
+    return base.expand(mask.shape), "expanded_mask"

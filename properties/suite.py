@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from mha_verify.properties import (  # noqa: F401 -- imported for their registrations
     invariants_behaviour,
     invariants_causal,
+    invariants_grad,
+    invariants_layout,
     invariants_mask,
     invariants_modes,
     invariants_oracle,

@@ -28,7 +28,7 @@ class _Explicit(MultiHeadAttention):
     """The reference with its fast path replaced by an explicit formula that mutants bend."""
 
     def scores(self, qh: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(qh, kh.transpose(-2, -1)) * self.scale  # (B, H, Lq, Lk)
+        return torch.matmul(qh * self.scale, kh.transpose(-2, -1))  # (B, H, Lq, Lk), scaled first (float16)
 
     def masked(self, score: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if mask is None:
@@ -304,6 +304,111 @@ class ReversedHeads(MultiHeadAttention):
         vh = self.w_v(v).unflatten(-1, (self.n_head, self.head_dim)).transpose(1, 2)
         heads = self._fast_attention(qh, kh, vh, mask).flip(1)  # BUG: (B, H, Lq, Hd) heads reversed
         return self.w_o(heads.transpose(1, 2).flatten(-2))
+
+
+# --- bugs where real kernels break: backward, strides, dtypes, half-precision range, padding ------
+
+
+class _BackwardPastFirstBlock(torch.autograd.Function):
+    """Attention with an exact forward and a flash-style backward whose row term D = rowsum(dO * O)
+    is accumulated over the first key block only: exact while Lk <= 32."""
+
+    @staticmethod
+    def forward(ctx, qh, kh, vh, mask, scale):  # type: ignore[no-untyped-def,override]
+        score = torch.matmul(qh * scale, kh.transpose(-2, -1))
+        if mask is not None:
+            score = score.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else score + mask
+        has_key = score.amax(dim=-1, keepdim=True) > float("-inf")
+        p = torch.softmax(score.masked_fill(~has_key, 0.0), dim=-1).masked_fill(~has_key, 0.0)
+        ctx.save_for_backward(qh, kh, vh, p)
+        ctx.scale = scale
+        return torch.matmul(p, vh)
+
+    @staticmethod
+    def backward(ctx, d_out):  # type: ignore[no-untyped-def,override]
+        qh, kh, vh, p = ctx.saved_tensors
+        d_p = torch.matmul(d_out, vh.transpose(-2, -1))  # (B, H, Lq, Lk)
+        row = (p[..., :KEY_BLOCK] * d_p[..., :KEY_BLOCK]).sum(-1, keepdim=True)  # BUG: over every key
+        d_s = p * (d_p - row)
+        return (torch.matmul(d_s, kh) * ctx.scale, torch.matmul(d_s.transpose(-2, -1), qh) * ctx.scale,
+                torch.matmul(p.transpose(-2, -1), d_out), None, None)
+
+
+class BackwardPastFirstKeyBlock(_Explicit):
+    """A custom autograd kernel: forward exact at every size, backward wrong past the first key block."""
+
+    def _fast_attention(self, qh, kh, vh, mask):  # type: ignore[no-untyped-def]
+        return _BackwardPastFirstBlock.apply(qh, kh, vh, mask, self.scale)
+
+
+def _dense(x: torch.Tensor) -> torch.Tensor:
+    """x's storage read from its offset as if x were contiguous: what a kernel that takes a raw
+    data pointer and never calls .contiguous() sees."""
+    strides = [1] * x.dim()
+    for i in range(x.dim() - 2, -1, -1):
+        strides[i] = strides[i + 1] * x.shape[i + 1]
+    return torch.as_strided(x, x.shape, strides, x.storage_offset())
+
+
+class IgnoresStrides(MultiHeadAttention):
+    """Reads q, k and v as dense from their data pointers: exact on contiguous tensors, wrong on views."""
+
+    def forward(self, q, k, v, mask=None, need_weights=False):  # type: ignore[no-untyped-def]
+        return super().forward(_dense(q), _dense(k), _dense(v), mask, need_weights=need_weights)
+
+
+class ReturnsFloat64(MultiHeadAttention):
+    """Returns its output in float64 whatever the inputs' dtype (an upcast never cast back): the
+    values are right, the dtype is not."""
+
+    def forward(self, q, k, v, mask=None, need_weights=False):  # type: ignore[no-untyped-def]
+        out = super().forward(q, k, v, mask, need_weights=need_weights)
+        return tuple(t.double() for t in out) if need_weights else out.double()
+
+
+class ScalesQueryInPlace(MultiHeadAttention):
+    """Scales q in place (q.mul_) before its projection and undoes it on the projection: the output
+    is right, but the caller's q is left scaled."""
+
+    def forward(self, q, k, v, mask=None, need_weights=False):  # type: ignore[no-untyped-def]
+        if q is k or q is v:  # the scaled q would feed the keys too: keep the output exact
+            return super().forward(q, k, v, mask, need_weights=need_weights)
+        with torch.no_grad():
+            q.mul_(2.0)  # BUG: the caller's tensor
+        return super().forward(q * 0.5, k, v, mask, need_weights=need_weights)
+
+
+class UnscaledScoresInHalf(_Explicit):
+    """Scores as (q k^T) * scale in the input dtype: exact in float32; in float16 the product
+    overflows 65504 before the scale brings it back (inputs of magnitude ~100, Hd >= 64)."""
+
+    def scores(self, qh: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(qh, kh.transpose(-2, -1)) * self.scale
+
+
+class AssumesRightPadding(_Explicit):
+    """A key-padding mask (B, 1, 1, Lk) turned into lengths (mask.sum) and rebuilt as right padding:
+    exact for right-padded batches, wrong for left padding and holes."""
+
+    def masked(self, score: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if mask is not None and mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1:3] == (1, 1):
+            lengths = mask.sum(-1, keepdim=True)  # (B, 1, 1, 1)
+            mask = torch.arange(mask.shape[-1]) < lengths  # BUG: assumes the kept keys come first
+        return super().masked(score, mask)
+
+
+# name -> (class, property that catches it, dtype it runs in, trigger): the kernel-depth mutants,
+# each exact in its plain condition (tests/test_kernel_mutants.py proves both sides)
+KERNEL_MUTANTS: dict[str, tuple[type[MultiHeadAttention], str, torch.dtype, str]] = {
+    "backward_past_first_key_block": (BackwardPastFirstKeyBlock, "grad_agreement", torch.float32, "Lk > 32"),
+    "ignores_strides": (IgnoresStrides, "layout_independence", torch.float32, "non-contiguous inputs"),
+    "returns_float64": (ReturnsFloat64, "oracle_agreement", torch.float32, "any call"),
+    "scales_query_in_place": (ScalesQueryInPlace, "oracle_agreement", torch.float32, "any call"),
+    "unscaled_scores_in_half": (UnscaledScoresInHalf, "finite_large_inputs", torch.float16,
+                                "float16, magnitude 100, Hd >= 64"),
+    "assumes_right_padding": (AssumesRightPadding, "oracle_agreement", torch.float32,
+                              "a key-padding mask padded on the left or with holes"),
+}
 
 
 # name -> (class, property expected to catch it); the boundary mutants also name the size

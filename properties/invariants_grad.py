@@ -1,0 +1,172 @@
+"""Gradients against the float64 oracle's autograd, at the sizes the strategies draw.
+
+flash-attention's test suite compares dq, dk and dv with a reference at every sequence length
+it tests; the backward pass of a custom kernel is where its bugs live (a forward exact at every
+size with a backward wrong past the first key block passes every forward property). Here the
+target's gradients of ``sum(out * g)`` for a random cotangent g are held to the derived rule:
+4 x the error of the same backward evaluated plainly in the target's dtype, plus the floors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mha_verify.mha.reference import MHAParams, kv_heads, multi_head, multi_head_graph
+from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
+from mha_verify.properties.measure import UNCHECKED, Measure, Violation, ensure, worst
+from mha_verify.properties.protocol import Instance
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import AttnExample
+
+_WEIGHTS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
+
+
+def _inputs(ex: AttnExample, dtype: torch.dtype) -> tuple[list[str], list[torch.Tensor]]:
+    """Leaves for q, k and v in ``dtype`` (one leaf "x" for a self-attention example, q is k is v).
+
+    ``clone`` keeps the strides of dense views (a transposed layout stays transposed)."""
+    if ex.k is ex.q and ex.v is ex.q:
+        return ["x"], [ex.q.detach().to(dtype).clone().requires_grad_(True)]
+    return ["q", "k", "v"], [t.detach().to(dtype).clone().requires_grad_(True) for t in (ex.q, ex.k, ex.v)]
+
+
+def _call(leaves: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (leaves[0], leaves[0], leaves[0]) if len(leaves) == 1 else (leaves[0], leaves[1], leaves[2])
+
+
+def _exposed(params: MHAParams) -> list[str]:
+    """The weights the target exposes as its own leaves (nn.Linear's weight and bias); a slice of a
+    fused projection or a copy is not one, and its gradient cannot be read."""
+    return [name for name in _WEIGHTS if isinstance(t := getattr(params, name), torch.Tensor)
+            and t.is_leaf and t.requires_grad]
+
+
+def _grads(out: torch.Tensor, wrt: list[torch.Tensor], g: torch.Tensor) -> list[torch.Tensor]:
+    """d sum(out * g) / d wrt; autograd's None (not used) is a gradient of zeros."""
+    got = torch.autograd.grad(out, wrt, g.to(out.dtype), allow_unused=True)
+    return [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, got, strict=True)]
+
+
+def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Tensor, nudge: bool = False,
+               via_lse: bool = False) -> list[torch.Tensor]:
+    """The plain formula's gradients in ``dtype`` w.r.t. the inputs, then every weight (in _WEIGHTS order,
+    present ones only); ``nudge`` perturbs the inputs by one rounding error of ``dtype``; ``via_lse``
+    recomputes the weights from a rounded logsumexp, as flash-style backward passes do."""
+    _, leaves = _inputs(ex, dtype)
+    if nudge:
+        gen = torch.Generator().manual_seed(0)
+        eps = torch.finfo(dtype).eps
+        with torch.no_grad():
+            for t in leaves:
+                t.mul_((1 + eps * (2 * torch.rand(t.shape, generator=gen) - 1)).to(dtype))
+    params = MHAParams._make(None if t is None else t.detach().to(dtype).clone().requires_grad_(True)
+                             for t in bound.params())
+    conv = bound.conventions
+    mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.to(dtype)
+    out = multi_head_graph(*_call(leaves), params, bound.n_head, mask, causal=conv.causal,
+                           fully_masked=conv.fully_masked, via_lse=via_lse)
+    weights = [t for t in params if t is not None]
+    return _grads(out, leaves + weights, g)
+
+
+@invariant("grad_agreement", reach="full", needs_grads=True)
+def grad_agreement(bound: Instance, ex: AttnExample) -> Measure:
+    """The target's gradients agree with the float64 oracle's autograd gradients.
+
+    With g ~ N(0, 1) (B, Lq, D) and loss = sum(out * g): dq, dk and dv (dx for a
+    self-attention-only target), and the gradients of w_q, b_q, ..., b_o where the target
+    exposes them as its own leaf parameters, each within 4 x |the plain formula's backward in
+    the target's dtype - float64| + floor (mha.tolerance), at every size the strategies draw
+    (past every block boundary), with masks, causality and grouped key/value heads. The plain
+    backward is evaluated three ways: as given, on inputs nudged by one rounding error, and with
+    the weights recomputed from a rounded per-row logsumexp (what flash-style kernels do: at
+    scores of 1e5 that alone moves small weights by percents); the worst calibrates. A gradient
+    whose float64 value is not finite is not compared.
+    """
+    dtype = ex.q.dtype
+    names, leaves = _inputs(ex, dtype)
+    params = bound.params()
+    exposed = _exposed(params)
+    g = torch.randn(ex.q.shape, generator=torch.Generator().manual_seed(ex.seed), dtype=torch.float64)
+    out = bound(*_call(leaves), ex.mask)
+    if not out.requires_grad:
+        raise Violation("the output does not require grad: no gradient flows from it to q, k, v or the weights")
+    actual = _grads(out, leaves + [getattr(params, n) for n in exposed], g)
+    oracle = _reference(ex, bound, torch.float64, g)
+    same = [_reference(ex, bound, dtype, g), _reference(ex, bound, dtype, g, nudge=True),
+            _reference(ex, bound, dtype, g, via_lse=True)]
+    present = [n for n in _WEIGHTS if getattr(params, n) is not None]
+    # positions of the compared gradients in the reference lists: the inputs, then the exposed weights
+    index = list(range(len(names))) + [len(names) + present.index(n) for n in exposed]
+    terms = _term_magnitudes(ex, bound, g, len(names))
+    measures = []
+    for name, got, i in zip(names + exposed, actual, index, strict=True):
+        if not bool(torch.isfinite(oracle[i]).all()):
+            continue  # the float64 gradient itself is not finite: nothing to hold the target to
+        ref_same = max((s[i] for s in same), key=lambda t: _error(t, oracle[i]))
+        c = compare(got, oracle[i], ref_same, dtype)
+        # the floor is relative to the gradient's terms, not their cancelled sum (see _term_magnitudes)
+        scale = max(c.scale, float(terms[i].max()) if terms[i].numel() else 0.0)
+        c = Comparison(c.error, tolerance_for(dtype).allowed(c.ref_error, scale), c.ref_error, scale)
+        measures.append(ensure(c, f"d loss / d {name} vs float64 autograd"))
+    return worst(*measures) if measures else UNCHECKED
+
+
+def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs: int) -> list[torch.Tensor]:
+    """For each gradient (the inputs, then every present weight, as :func:`_reference`), the sum of
+    the absolute values of the terms its float64 value sums, in float64: the scale of the rounding
+    error any evaluation makes (a running-error bound's), where the value itself may cancel to ~0.
+
+    With a saturated softmax dq cancels to ~1e-6 of its terms: dS = P * (dP - rowsum(dO * O))
+    subtracts nearly equal numbers, and two correct float32 backward passes differ by 100 % of dq.
+    Holding dq to its own magnitude failed torch's SDPA; its terms' magnitude does not.
+    """
+    conv = bound.conventions
+    p = MHAParams._make(None if t is None else t.detach().double().abs() for t in bound.params())
+    q, k, v = (t.detach().double() for t in (ex.q, ex.k, ex.v))
+    n_head, n_kv = bound.n_head, kv_heads(bound.params(), bound.n_head)
+    d = q.shape[-1]
+    hd, group = d // n_head, n_head // n_kv
+    mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.double()
+    _, weights = multi_head(ex.q, ex.k, ex.v, bound.params(), n_head, mask, causal=conv.causal,
+                            fully_masked=conv.fully_masked)  # P (B, H, Lq, Lk)
+    weights = weights.nan_to_num(0.0)
+
+    def heads(x: torch.Tensor, n: int) -> torch.Tensor:  # (B, L, n*Hd) -> (B, n, L, Hd)
+        return x.reshape(*x.shape[:-1], n, hd).transpose(1, 2)
+
+    def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        return x @ w.T + (0 if b is None else b)
+
+    sq = [(q, p.w_q, p.b_q), (k, p.w_k, p.b_k), (v, p.w_v, p.b_v)]
+    qh, kh, vh = (heads(linear(x.abs(), w, b), n) for (x, w, b), n in zip(sq, (n_head, n_kv, n_kv), strict=True))
+    kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)  # (B, H, Lk, Hd)
+    oh = weights @ vh  # (B, H, Lq, Hd), |O| <= P |V|
+    d_concat = g.abs() if p.w_o is None else g.abs() @ p.w_o  # (B, Lq, D)
+    d_oh = heads(d_concat, n_head)
+    d_s = weights * (d_oh @ vh.transpose(-2, -1) + (d_oh * oh).sum(-1, keepdim=True))  # (B, H, Lq, Lk)
+    scale = 1.0 / math.sqrt(hd)
+    d_qh, d_kh, d_vh = scale * d_s @ kh, scale * d_s.transpose(-2, -1) @ qh, weights.transpose(-2, -1) @ d_oh
+
+    def merge(t: torch.Tensor, n: int) -> torch.Tensor:  # (B, H, L, Hd) -> (B, L, n*Hd), summing a group
+        t = t.reshape(t.shape[0], n, -1, *t.shape[2:]).sum(2) if n != n_head else t
+        return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], n * hd)
+
+    d_proj = [merge(d_qh, n_head), merge(d_kh, n_kv), merge(d_vh, n_kv)]  # (B, L, out) each
+    d_inputs = [dp @ w for dp, (_, w, _) in zip(d_proj, sq, strict=True)]  # (B, L, D) each
+    inputs = [d_inputs[0] + d_inputs[1] + d_inputs[2]] if n_inputs == 1 else d_inputs
+    concat = oh.transpose(1, 2).reshape(q.shape[0], q.shape[1], d)  # |Concat| bound (B, Lq, D)
+    per_weight = {}
+    for (x, _, _), dp, name in zip(sq, d_proj, ("q", "k", "v"), strict=True):
+        per_weight[f"w_{name}"] = torch.einsum("blo,bli->oi", dp, x.abs())
+        per_weight[f"b_{name}"] = dp.sum(dim=(0, 1))
+    per_weight["w_o"] = torch.einsum("blo,bli->oi", g.abs(), concat)
+    per_weight["b_o"] = g.abs().sum(dim=(0, 1))
+    return inputs + [per_weight[n] for n in _WEIGHTS if getattr(p, n) is not None]
+
+
+def _error(t: torch.Tensor, oracle: torch.Tensor) -> float:
+    diff = (t.double() - oracle).abs().nan_to_num(math.inf)
+    return float(diff.max()) if diff.numel() else 0.0

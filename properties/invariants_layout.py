@@ -1,0 +1,42 @@
+"""Memory layout: the output does not depend on how the caller's tensors sit in memory.
+
+Kernel wrappers that skip ``.contiguous()`` read a view's storage as if it were dense: exact on
+the fresh tensors a test makes, wrong by the size of the values on the views callers hand
+them (PyTorch's OpInfo tests feed non-contiguous samples for this reason).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from mha_verify.properties.applicable import examples_for
+from mha_verify.properties.measure import UNCHECKED, Measure, close, relation_allowed, worst
+from mha_verify.properties.protocol import Conventions, Instance
+from mha_verify.properties.registry import invariant
+from mha_verify.properties.strategies import LAYOUTS, AttnExample, with_layout
+
+
+def _contiguous(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    return examples_for(conv, layouts=False)
+
+
+@invariant("layout_independence", strategy=_contiguous)
+def layout_independence(bound: Instance, ex: AttnExample) -> Measure:
+    """The output on views of the inputs equals the output on fresh contiguous tensors of the same values.
+
+    For each layout of :data:`~mha_verify.properties.strategies.LAYOUTS` that the example can
+    take: q, k, v as transposed views of (L, B, D) storage; as slices of one fused (B, L, 3D)
+    tensor; k and v as the first Lk rows of a (B, Lk + 3, D) cache whose other rows are NaN;
+    the mask as a stride-0 expansion. Each output is within the relation allowance (twice the
+    derived tolerance) of the contiguous call's.
+    """
+    reference = bound(ex.q, ex.k, ex.v, ex.mask).detach()
+    allowed = relation_allowed(bound, ex)
+    measures = []
+    for layout in LAYOUTS[1:]:
+        view = with_layout(ex, layout)
+        if view.layout == "contiguous":
+            continue  # nothing to lay out differently (no mask to expand)
+        out = bound(view.q, view.k, view.v, view.mask)
+        measures.append(close(out, reference, allowed, f"output on {layout} inputs vs the same values contiguous"))
+    return worst(*measures) if measures else UNCHECKED
