@@ -12,11 +12,19 @@ OpInfo harness checks every operator's outputs in one place rather than per test
 
 A breach is a :class:`~mha_verify.properties.measure.Violation` named "output contract", its
 own failure, never mistaken for a numeric one.
+
+A target that raises on non-contiguous inputs (a ``.view()`` of its input, as HF's Conv1D
+does) but not on contiguous copies of them has not computed a wrong answer: the call is
+:class:`~mha_verify.properties.protocol.NotApplicable` with that reason, so the example counts
+as unchecked rather than failing every property a third of whose examples are views.
 """
 
 from __future__ import annotations
 
 import torch
+
+from collections.abc import Callable
+from typing import TypeVar
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.measure import Violation
@@ -61,6 +69,36 @@ def _unchanged(before: tuple[torch.Tensor | None, ...], *inputs: torch.Tensor | 
                             "bitwise unchanged")
 
 
+_T = TypeVar("_T")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:200]
+
+
+def _called(fn: Callable[..., _T], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            mask: torch.Tensor | None) -> _T:
+    """``fn(q, k, v, mask)``; where it raises on non-contiguous inputs and not on contiguous copies
+    of them, NotApplicable naming the error."""
+    try:
+        return fn(q, k, v, mask)
+    except (Violation, NotApplicable):
+        raise
+    except Exception as exc:
+        if all(t is None or t.is_contiguous() for t in (q, k, v, mask)):
+            raise
+        dense = [None if t is None else t.contiguous() for t in (q, k, v, mask)]
+        if q is k or q is v:  # one tensor in several roles stays one tensor
+            dense[1] = dense[0] if k is q else dense[1]
+            dense[2] = dense[0] if v is q else dense[2]
+        try:
+            fn(*dense)
+        except Exception:
+            raise exc from None
+        raise NotApplicable(f"the target raises on non-contiguous inputs and not on contiguous copies "
+                            f"({type(exc).__name__}: {_first_line(exc)})") from None
+
+
 class Checked:
     """An :class:`~mha_verify.properties.protocol.Instance` whose every call is checked against
     the output contract; everything else is the wrapped instance's."""
@@ -86,14 +124,14 @@ class Checked:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         before = _snapshot(q, k, v, mask)
-        out = self.inner(q, k, v, mask)
+        out = _called(self.inner, q, k, v, mask)
         _unchanged(before, q, k, v, mask)
         return _output(out, q, self.d_model, self.conventions.output_dtype)
 
     def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         before = _snapshot(q, k, v, mask)
-        out, weights = self.inner.with_weights(q, k, v, mask)
+        out, weights = _called(self.inner.with_weights, q, k, v, mask)
         _unchanged(before, q, k, v, mask)
         want = (q.shape[0], self.n_head, q.shape[1], k.shape[1])
         if not isinstance(weights, torch.Tensor) or tuple(weights.shape) != want:

@@ -3,12 +3,14 @@ its outputs that changes its inputs fails with that reason; autograd's None grad
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mha_verify.mha.masks import causal_keep
 from mha_verify.properties import profiles
 from mha_verify.properties.call_path import Checked
 from mha_verify.properties.measure import Violation
+from mha_verify.properties.protocol import NotApplicable
 from mha_verify.properties.runner import run_property
 from mha_verify.properties.strategies import AttnExample, MaskSpec, Sizes, make_example
 from mha_verify.properties.suite import all_properties
@@ -61,3 +63,24 @@ def test_a_none_gradient_is_a_zero_gradient() -> None:
     ex = ex._replace(mask=torch.zeros(2, 1, 1, 4, dtype=torch.bool))
     measure = all_properties()["masked_grad_zero"].check(Checked(target.build(8, 2)), ex)
     assert measure.checked
+
+
+def test_a_layer_that_raises_on_views_has_those_calls_unchecked_not_failed() -> None:
+    checked = Checked(load_target(FIXTURE + "ViewsItsInput").build(8, 2))
+    dense = make_example(Sizes(2, 3, 3, 8, 2), MaskSpec("none", "BHLL", "bool", 0), (1.0, 1.0), 0)
+    view = make_example(Sizes(2, 3, 3, 8, 2), MaskSpec("none", "BHLL", "bool", 0), (1.0, 1.0), 0, layout="transposed")
+    assert checked(dense.q, dense.k, dense.v).shape == (2, 3, 8)
+    with pytest.raises(NotApplicable, match="raises on non-contiguous inputs and not on contiguous copies"):
+        checked(view.q, view.k, view.v)
+    result = run_property(all_properties()["layout_independence"], load_target(FIXTURE + "ViewsItsInput"),
+                          settings=profiles.PROFILES["quick"])
+    assert result.verdict == "warn" and "non-contiguous" in (result.reason or ""), result
+
+
+@pytest.mark.parametrize(("layer", "verdict"), [("ReturnsFloat32", "pass"), ("ReturnsFloat32Undeclared", "fail")])
+def test_the_output_dtype_is_the_inputs_or_the_declared_one(layer: str, verdict: str) -> None:
+    result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + layer),
+                          settings=profiles.PROFILES["quick"], dtype=torch.bfloat16)
+    assert result.verdict == verdict, result
+    if verdict == "fail":
+        assert "output dtype float32 for bfloat16 inputs, but should be bfloat16" in (result.reason or ""), result

@@ -75,3 +75,21 @@ def test_the_safety_net_says_when_it_fired(monkeypatch: pytest.MonkeyPatch) -> N
     stopped, _ = _run(10**9, monkeypatch, profiles.PROFILES["ci"], seconds_per_reading=100.0, safety=150.0)
     assert stopped.verdict == "fail" and stopped.counterexample
     assert "safety net" in (stopped.reason or "") and "depends on the machine's speed" in (stopped.reason or "")
+
+
+@pytest.mark.deep  # two gate runs, one with every forward slowed by 20 ms (tox -e deep)
+def test_a_slowed_forward_prints_the_same_ci_counterexample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real time, no mocked clock: the ci counterexample of a layer is the same when each of its
+    forward calls sleeps 20 ms (shrinking is counted in steps; the 45 s safety net does not fire)."""
+    from mha_verify.properties.targets import load_target
+
+    results = []
+    for sleep in ("0", "0.02"):
+        monkeypatch.setenv("MHA_VERIFY_TEST_SLEEP", sleep)
+        results.append(runner.run_property(all_properties()["oracle_agreement"],
+                                           load_target("tests/fixtures/slow_layer.py:SlowScaleBug"),
+                                           settings=profiles.PROFILES["ci"]))
+    fast, slow = results
+    assert fast.verdict == slow.verdict == "fail", (fast, slow)
+    assert fast.counterexample == slow.counterexample and fast.counterexample, (fast, slow)
+    assert slow.seconds > fast.seconds
