@@ -21,10 +21,10 @@ as unchecked rather than failing every property a third of whose examples are vi
 
 from __future__ import annotations
 
-import torch
-
 from collections.abc import Callable
 from typing import TypeVar
+
+import torch
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.measure import Violation
