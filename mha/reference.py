@@ -232,6 +232,53 @@ def same_precision(
     return max(first, second, key=lambda pair: error(pair[0]))
 
 
+def rounding_bound(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool = False, fully_masked: str = "zeros",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """First-order bound, in float64, of how far rounding the scores in ``dtype`` moves the output
+    (B, Lq, D) and the weights (B, H, Lq, Lk): (output bound, weights bound).
+
+    A score s = (q_h / sqrt(Hd)) . k_h evaluated in ``dtype`` carries an error up to
+    delta = 4u (|q_h| . |k_h|) / sqrt(Hd), u = eps / 2 (the roundings of q_h and k_h to the dtype,
+    of the scaling and of the product; q_h, k_h the float64 projections). Each weight then lies
+    in the interval the softmax gives with score j moved by +-delta_j and every other score the
+    other way (exact for perturbations of up to delta, not a first-order estimate: a near tie
+    moves by up to 1/2); the output moves by sum_j |dP_j| |V_h,j|, through |W_o|.
+
+    Where two scores of a row lie within delta of each other (a near tie; in bfloat16 the scores
+    near 3e3 are 16 apart), every implementation in ``dtype`` may split the row's weight between
+    them differently, and one evaluation of the plain formula is no measure of that: this bound is.
+    It is ~u |s| P, negligible wherever the scores are small.
+    """
+    u = torch.finfo(dtype).eps / 2
+    p = params.to(torch.float64)
+    _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked)
+    weights = weights.nan_to_num(0.0)  # (B, H, Lq, Lk)
+    d = q.shape[-1]
+    hd = d // n_head
+    n_kv = kv_heads(params, n_head)
+
+    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int) -> torch.Tensor:
+        y = _linear(x.detach().to(torch.float64), w, b).abs()  # (B, L, n*Hd)
+        return y.reshape(*y.shape[:-1], n, hd).transpose(-3, -2).repeat_interleave(n_head // n, dim=-3)
+
+    qh, kh, vh = heads(q, p.w_q, p.b_q, n_head), heads(k, p.w_k, p.b_k, n_kv), heads(v, p.w_v, p.b_v, n_kv)
+    delta = 4 * u * (qh @ kh.transpose(-2, -1)) / math.sqrt(hd)  # (B, H, Lq, Lk)
+    s = torch.log(weights)  # the scores up to a per-row shift; -inf where no weight (masked keys)
+    kept = weights > 0
+    delta = torch.where(kept, delta, torch.zeros_like(delta))
+    above = torch.logsumexp(s + delta, dim=-1, keepdim=True)  # every score raised by its delta
+    below = torch.logsumexp(s - delta, dim=-1, keepdim=True)  # every score lowered by its delta
+    # weight j highest with s_j + delta_j and the others lowered; lowest the other way round
+    high = 1 / (1 + torch.exp(below - s - delta) - torch.exp(-2 * delta))
+    low = 1 / (1 + torch.exp(above - s + delta) - torch.exp(2 * delta))
+    moved = torch.where(kept, torch.maximum(high - weights, weights - low), torch.zeros_like(weights))
+    moved = moved.nan_to_num(0.0).clamp(0.0, 1.0)
+    out = (moved @ vh).transpose(-3, -2).reshape(*q.shape[:-1], d)  # (B, Lq, D)
+    return (out if p.w_o is None else out @ p.w_o.abs().transpose(0, 1)), moved
+
+
 def kv_heads(params: MHAParams, n_head: int) -> int:
     """Hkv, the number of key/value heads (H for multi-head, fewer for grouped-query attention).
 

@@ -60,6 +60,7 @@ class Comparison:
     allowed: float  # from the tolerance rule
     ref_error: float  # max|ref_same - oracle|, what the rule scaled
     scale: float  # max|oracle|
+    bound: float = 0.0  # the largest per-element rounding bound subtracted before ``error`` was taken
 
     @property
     def ok(self) -> bool:
@@ -67,26 +68,33 @@ class Comparison:
 
     def __str__(self) -> str:
         verdict = "within" if self.ok else "exceeds"
+        beyond = f" beyond each element's score-rounding bound (up to {self.bound:.3g})" if self.bound > 0 else ""
         return (
-            f"max error {self.error:.3g} {verdict} allowed {self.allowed:.3g} "
+            f"max error{beyond} {self.error:.3g} {verdict} allowed {self.allowed:.3g} "
             f"(same-precision reference error {self.ref_error:.3g}, max|oracle| {self.scale:.3g}; "
             f"a tolerance of {self.error:.3g} would have passed)"
         )
 
 
 def compare(
-    actual: torch.Tensor, oracle: torch.Tensor, ref_same: torch.Tensor, dtype: torch.dtype
+    actual: torch.Tensor, oracle: torch.Tensor, ref_same: torch.Tensor, dtype: torch.dtype,
+    bound: torch.Tensor | None = None,
 ) -> Comparison:
     """Hold ``actual`` (in ``dtype``) against the float64 ``oracle`` with the derived tolerance.
 
-    Non-finite values in ``actual`` where the oracle is finite count as infinite error.
+    Non-finite values in ``actual`` where the oracle is finite count as infinite error. ``bound``
+    (the shape of ``oracle``, e.g. :func:`mha.reference.rounding_bound`) is how far each element
+    may move for a reason the rule cannot see in one evaluation; the error is what exceeds it.
     """
     oracle = oracle.detach().to(torch.float64)
     diff = (actual.detach().to(torch.float64) - oracle).abs()
+    if bound is not None:
+        diff = torch.where(torch.isnan(diff), diff, (diff - bound.to(torch.float64)).clamp_min(0.0))
     error = float(diff.max()) if diff.numel() else 0.0
     if diff.numel() and not bool(torch.isfinite(diff).all()):
         error = float("inf")
     ref_diff = (ref_same.detach().to(torch.float64) - oracle).abs()
     ref_error = float(ref_diff.max()) if ref_diff.numel() else 0.0
     scale = float(oracle.abs().max()) if oracle.numel() else 0.0
-    return Comparison(error, tolerance_for(dtype).allowed(ref_error, scale), ref_error, scale)
+    most = float(bound.max()) if bound is not None and bound.numel() else 0.0
+    return Comparison(error, tolerance_for(dtype).allowed(ref_error, scale), ref_error, scale, most)

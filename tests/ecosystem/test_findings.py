@@ -206,3 +206,16 @@ def test_cpu_sdpa_without_a_mask_accepts_lk_different_from_lv() -> None:
     assert torch.allclose(F.scaled_dot_product_attention(q, k_long, v_short), first, atol=1e-6)  # keys dropped
     with sdpa_kernel(SDPBackend.MATH), pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(q, k, v)
+
+
+def test_gpt2_attention_raises_on_a_transposed_view_of_its_input() -> None:
+    """HF's Conv1D calls x.view(-1, D): a (B, L, D) view of (L, B, D) storage raises RuntimeError,
+    while a contiguous copy of the same values works (layout_independence's warning)."""
+    sdpa, _ = _hf_sdpa_and_eager("gpt2_attention")
+    x = _x()
+    view = x.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, (L, B, D) storage
+    with torch.no_grad():
+        out = sdpa(x)[0]
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            sdpa(view)
+        assert torch.equal(sdpa(view.contiguous())[0], out)
