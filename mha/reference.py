@@ -235,8 +235,9 @@ def same_precision(
 def rounding_bound(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool = False, fully_masked: str = "zeros",
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """First-order bound, in float64, of how far rounding the scores in ``dtype`` moves the output
+    """Bound, in float64, of how far rounding the scores in ``dtype`` moves the output
     (B, Lq, D) and the weights (B, H, Lq, Lk): (output bound, weights bound).
 
     A score s = (q_h / sqrt(Hd)) . k_h evaluated in ``dtype`` carries an error up to
@@ -249,12 +250,14 @@ def rounding_bound(
     Where two scores of a row lie within delta of each other (a near tie; in bfloat16 the scores
     near 3e3 are 16 apart), every implementation in ``dtype`` may split the row's weight between
     them differently, and one evaluation of the plain formula is no measure of that: this bound is.
-    It is ~u |s| P, negligible wherever the scores are small.
+    It is ~u |s| P, negligible wherever the scores are small. ``weights``: the float64 oracle's
+    weights (B, H, Lq, Lk) where the caller has them already.
     """
     u = torch.finfo(dtype).eps / 2
     p = params.to(torch.float64)
-    _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked)
-    weights = weights.nan_to_num(0.0)  # (B, H, Lq, Lk)
+    if weights is None:
+        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked)
+    weights = weights.detach().to(torch.float64).nan_to_num(0.0)  # (B, H, Lq, Lk)
     d = q.shape[-1]
     hd = d // n_head
     n_kv = kv_heads(params, n_head)

@@ -175,9 +175,9 @@ def run_check(args: argparse.Namespace) -> int:
     def progress(name: str) -> None:
         print(f"  running {name} ...", file=sys.stderr, flush=True)
 
-    # longest first (the exports, then the properties that reach every size), so that no worker
-    # is left alone with a long check at the end
-    full = {p.name for p in props if p.reach == "full"}
+    # longest first (the exports, then the properties that sweep the size boundaries), so that no
+    # worker is left alone with a long check at the end
+    full = {p.name for p in props if p.reach != "modest"}
     results = run_tasks(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
                         rank=lambda t: 0 if t.stage == "export" else 1 if t.name in full else 2)
     if stored is not None:

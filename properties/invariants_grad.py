@@ -49,18 +49,12 @@ def _grads(out: torch.Tensor, wrt: list[torch.Tensor], g: torch.Tensor) -> list[
     return [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, got, strict=True)]
 
 
-def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Tensor, nudge: bool = False,
+def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Tensor,
                via_lse: bool = False) -> list[torch.Tensor]:
     """The plain formula's gradients in ``dtype`` w.r.t. the inputs, then every weight (in _WEIGHTS order,
-    present ones only); ``nudge`` perturbs the inputs by one rounding error of ``dtype``; ``via_lse``
-    recomputes the weights from a rounded logsumexp, as flash-style backward passes do."""
+    present ones only); ``via_lse`` recomputes the weights from a logsumexp of the scores rounded
+    once more, as flash-style backward passes do."""
     _, leaves = _inputs(ex, dtype)
-    if nudge:
-        gen = torch.Generator().manual_seed(0)
-        eps = torch.finfo(dtype).eps
-        with torch.no_grad():
-            for t in leaves:
-                t.mul_((1 + eps * (2 * torch.rand(t.shape, generator=gen) - 1)).to(dtype))
     params = MHAParams._make(None if t is None else t.detach().to(dtype).clone().requires_grad_(True)
                              for t in bound.params())
     conv = bound.conventions
@@ -71,18 +65,19 @@ def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Te
     return _grads(out, leaves + weights, g)
 
 
-@invariant("grad_agreement", reach="full", needs_grads=True)
+@invariant("grad_agreement", reach="lengths", needs_grads=True)
 def grad_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """The target's gradients agree with the float64 oracle's autograd gradients.
 
     With g ~ N(0, 1) (B, Lq, D) and loss = sum(out * g): dq, dk and dv (dx for a
     self-attention-only target), and the gradients of w_q, b_q, ..., b_o where the target
     exposes them as its own leaf parameters, each within 4 x |the plain formula's backward in
-    the target's dtype - float64| + floor (mha.tolerance), at every size the strategies draw
-    (past every block boundary), with masks, causality and grouped key/value heads. The plain
-    backward is evaluated three ways: as given, on inputs nudged by one rounding error, and with
-    the weights recomputed from a rounded per-row logsumexp (what flash-style kernels do: at
-    scores of 1e5 that alone moves small weights by percents); the worst calibrates. A gradient
+    the target's dtype - float64| + floor (mha.tolerance), on modest sizes and past every length
+    and batch block boundary (Lq, Lk up to 257; heads up to 8 of width 16), with masks,
+    causality and grouped key/value heads. The plain
+    backward is evaluated two ways: as given, and with the weights recomputed from a per-row
+    logsumexp of scores rounded once more (what flash-style kernels' backward passes do: at
+    scores of 1e4 that alone moves every weight by ~1e-3); the worse calibrates. A gradient
     whose float64 value is not finite is not compared.
     """
     dtype = ex.q.dtype
@@ -95,8 +90,7 @@ def grad_agreement(bound: Instance, ex: AttnExample) -> Measure:
         raise Violation("the output does not require grad: no gradient flows from it to q, k, v or the weights")
     actual = _grads(out, leaves + [getattr(params, n) for n in exposed], g)
     oracle = _reference(ex, bound, torch.float64, g)
-    same = [_reference(ex, bound, dtype, g), _reference(ex, bound, dtype, g, nudge=True),
-            _reference(ex, bound, dtype, g, via_lse=True)]
+    same = [_reference(ex, bound, dtype, g), _reference(ex, bound, dtype, g, via_lse=True)]
     present = [n for n in _WEIGHTS if getattr(params, n) is not None]
     # positions of the compared gradients in the reference lists: the inputs, then the exposed weights
     index = list(range(len(names))) + [len(names) + present.index(n) for n in exposed]

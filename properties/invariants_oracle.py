@@ -42,7 +42,7 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
         raise Violation(f"output shape {tuple(out.shape)}, but should be {tuple(ref.shape)}")
     conv = bound.conventions
     moved, moved_w = rounding_bound(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                    causal=conv.causal, fully_masked=conv.fully_masked)
+                                    causal=conv.causal, fully_masked=conv.fully_masked, weights=ref_w)
     measure = ensure(compare(out, ref, same, ex.q.dtype, moved), "output vs float64 oracle")
     got = weights_if_any(bound, ex.q, ex.k, ex.v, ex.mask)
     if got is not None:

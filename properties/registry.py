@@ -34,7 +34,9 @@ class Property:
     needs_grads: bool = False  # n/a for targets that declare grads=False (an onnxruntime session)
     needs_dropout: bool = False  # n/a for targets that declare dropout=False
     causal_forbids: str | None = None  # why causality forbids it (n/a for causal targets), or None
-    reach: str = "modest"  # "full": every size case, swept; "modest": MODEST_CASES (several passes per example)
+    # "full": every size case, swept; "modest": MODEST_CASES (several passes per example); "lengths":
+    # MODEST_CASES, then the sweep of every length and batch boundary (not the wide-head cases, D up to 1024)
+    reach: str = "modest"
 
     def not_applicable(self, conv: Conventions) -> str | None:
         """Why this property cannot apply to a target of these conventions, decided before the run."""
@@ -69,10 +71,11 @@ def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype 
     cannot apply, so the runner decides it from the target's conventions before running.
     ``reach="full"``: the property gets every size case of the strategies and the runner's
     boundary sweep (the properties that see block-boundary bugs); "modest" keeps sizes that
-    several forward passes per example can afford.
+    several forward passes per example can afford; "lengths" draws modest sizes and sweeps every
+    length and batch boundary (a backward pass at D = 1024 costs more than its boundaries tell).
     """
-    if reach not in ("full", "modest"):
-        raise ValueError(f"reach must be 'full' or 'modest', got reach={reach!r}")
+    if reach not in ("full", "modest", "lengths"):
+        raise ValueError(f"reach must be 'full', 'modest' or 'lengths', got reach={reach!r}")
 
     def register(check: CheckFn) -> CheckFn:
         if name in PROPERTIES:

@@ -279,9 +279,9 @@ def _search(
     # short derandomized run would otherwise reach only some of them. Random first, so that a
     # bug found at any size shrinks freely to the smallest example.
     cases = boundary_cases()
-    if run_conv.sizes is not None:  # a model fixed in d_model and n_head: no heads case to sweep
+    if run_conv.sizes is not None or reach == "lengths":  # no heads case to sweep (fixed model, or too costly)
         cases = tuple(c for c in cases if c[0] != "heads")
-    sweep = reach == "full" and settings.max_examples >= 3 * SWEEP_EXAMPLES * len(cases) / 2
+    sweep = reach in ("full", "lengths") and settings.max_examples >= 3 * SWEEP_EXAMPLES * len(cases) / 2
     cases = cases if sweep else ()
     rest = max(1, settings.max_examples - SWEEP_EXAMPLES * len(cases))
     error = run(strategy, Settings(settings, max_examples=rest), "random")

@@ -13,6 +13,8 @@ from mha_verify.properties.runner import run_property
 from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import load_target
 
+pytestmark = pytest.mark.deep  # one property run per property (tox -e deep)
+
 FIXTURE = "tests/fixtures/one_row_off.py:"
 
 # property -> the layer of the fixture that is 1 % off where the property looks
