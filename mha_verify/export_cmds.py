@@ -139,7 +139,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
                              bundle_dir=args.bundle_dir, max_external_bytes=max_external)
     limits = Limits(timeout=args.timeout) if args.isolate else None
-    results = [interface_result(info, info.label), *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
+    interface = interface_result(info, info.label, frozen="fail" if args.require_dynamic else "warn")
+    results = [interface, *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(printable(format_results(results)))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
@@ -205,4 +206,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     help="the most external data (tensors stored beside the model) read into memory (default 2)")
     va.add_argument("--jobs", type=positive_int, default=None, help="worker processes running checks side by side "
                     "(default: one per core)")
+    va.add_argument("--require-dynamic", action="store_true",
+                    help="a batch or length axis fixed in the graph's inputs fails the interface check (default: a "
+                    "warning, and the properties are judged at the fixed sizes)")
     va.set_defaults(func=cmd_validate)

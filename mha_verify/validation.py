@@ -25,7 +25,7 @@ from hypothesis import settings as Settings
 
 from mha_verify.mha.reference import multi_head
 from mha_verify.properties import profiles
-from mha_verify.properties.onnx_checks import interface_problems
+from mha_verify.properties.onnx_checks import frozen_axes, interface_problems
 from mha_verify.properties.onnx_interface import Interface, read_interface
 from mha_verify.properties.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
 from mha_verify.properties.results import CheckResult
@@ -52,10 +52,17 @@ def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.Pa
     return bound
 
 
-def interface_result(info: Interface, label: str) -> CheckResult:
-    """``<label>/interface``: the static problems of the model's inputs (unread, frozen, merged)."""
+def interface_result(info: Interface, label: str, *, frozen: str = "fail") -> CheckResult:
+    """``<label>/interface``: the static problems of the model's inputs (unread, merged), and its frozen
+    axes, which give ``frozen`` ("fail": our own exports must keep B, Lq and Lk dynamic; "warn": a
+    model validated as it is, whose properties are judged at its fixed sizes)."""
     problems = interface_problems(info)
-    return CheckResult(f"{label}/interface", STAGE, "fail" if problems else "pass", reason="; ".join(problems) or None,
+    fixed = frozen_axes(info)
+    verdict = "fail" if problems else frozen if fixed else "pass"
+    if fixed:
+        problems.append(", ".join(fixed) + ("; it must be dynamic" if frozen == "fail" else
+                                            ": the properties were judged at that size only"))
+    return CheckResult(f"{label}/interface", STAGE, verdict, reason="; ".join(problems) or None,
                        details={"inputs": {r: list(s.dims) for r, s in info.roles.items()},
                                 "mask_forms": sorted(info.mask_forms), "n_head_source": info.n_head_source})
 

@@ -93,7 +93,11 @@ def examples_for(
     if conv.dtype is not None:
         dtype = conv.dtype
     if shapes is None:
-        shapes = sizes(fixed=conv.sizes, min_batch=min_batch, min_len=min_len)
+        shapes = sizes(fixed=conv.sizes, min_batch=min_batch, min_len=min_len, axes=conv.axes)
+    elif conv.axes != (None, None, None):
+        fixed_axes = conv.axes
+        shapes = shapes.map(lambda s: s._replace(batch=fixed_axes[0] or s.batch, lq=fixed_axes[1] or s.lq,
+                                                 lk=fixed_axes[2] or s.lk))
     if not conv.cross_attention:
         shapes = shapes.map(lambda s: s._replace(lk=s.lq))
     masks: st.SearchStrategy[MaskSpec] = mask_specs(kinds=kinds, forms=forms, conventions=conventions or ("bool",))

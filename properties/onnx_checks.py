@@ -5,13 +5,19 @@ from __future__ import annotations
 from mha_verify.properties.onnx_interface import Interface
 
 
+def frozen_axes(info: Interface) -> list[str]:
+    """B, Lq or Lk frozen to a number in the graph's inputs, as sentences (empty: all dynamic)."""
+    return [f"{label} is fixed to {size} in the graph's inputs" for label, size in zip(("B", "Lq", "Lk"),
+            info.fixed_axes, strict=True) if size is not None and not (label == "Lk" and info.self_attention)]
+
+
 def interface_problems(info: Interface) -> list[str]:
     """What is wrong with the interface of an attention model, as sentences (empty: nothing).
 
     Catches statically: an input the graph does not read (what torch's dynamo exporter leaves
-    when k and v were the same example tensor, pytorch issue 139646), Lq and Lk sharing one
-    dimension symbol (merged by the exporter from equal example sizes), and B, Lq or Lk
-    frozen to a number.
+    when k and v were the same example tensor, pytorch issue 139646) and Lq and Lk sharing one
+    dimension symbol (merged by the exporter from equal example sizes). Frozen axes are
+    :func:`frozen_axes`: a finding of their own, judged by the caller.
     """
     problems = []
     for role, spec in info.roles.items():
@@ -22,13 +28,8 @@ def interface_problems(info: Interface) -> list[str]:
     if problems:
         return problems
     first = info.roles["x" if info.self_attention else "q"].dims
-    for label, dim in (("B", first[0]), ("Lq", first[1])):
-        if isinstance(dim, int):
-            problems.append(f"{label} is fixed to {dim} in the graph's inputs; it must be dynamic")
     if not info.self_attention:
         lk = info.roles["k"].dims[1]
-        if isinstance(lk, int):
-            problems.append(f"Lk is fixed to {lk} in the graph's inputs; it must be dynamic")
         if isinstance(first[1], str) and first[1] == lk:
             problems.append(f"Lq and Lk are one dimension {lk!r} in the graph: the model rejects or miscomputes "
                             "cross-attention (Lq != Lk); the exporter merged them, e.g. from equal example sizes")

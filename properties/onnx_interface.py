@@ -122,6 +122,17 @@ class Interface:
         return (dims[0], dims[1], dims[2], dims[3])
 
     @property
+    def fixed_axes(self) -> tuple[int | None, int | None, int | None]:
+        """(B, Lq, Lk): the size the graph's inputs fix each axis to, None where it is dynamic."""
+        first = self.roles["x" if self.self_attention else "q"].dims
+        lk = first[1] if self.self_attention else self.roles["k"].dims[1]
+
+        def fixed(d: Dim) -> int | None:
+            return d if isinstance(d, int) else None
+
+        return fixed(first[0]), fixed(first[1]), fixed(lk)
+
+    @property
     def mask_forms(self) -> frozenset[str]:
         """The forms of :data:`FORM_AXES` whose spanned axes the model does not fix to 1."""
         if self.mask is None:

@@ -110,7 +110,7 @@ class OrtInstance:
             cross_attention=not info.self_attention, weights=False,
             fully_masked=info.metadata.get("fully_masked", "zeros"), causal=info.metadata.get("causal") == "true",
             grads=False, dropout=False, torch_modes=False,
-            sizes=(self.d_model, self.n_head), dtype=info.dtype,
+            sizes=(self.d_model, self.n_head), dtype=info.dtype, axes=info.fixed_axes,
             notes=(f"onnxruntime session on {info.path.name}",),
         )
 
@@ -159,6 +159,10 @@ class OrtInstance:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         self.last = (q, k, v, mask)
+        for name, size, got_size in zip(("B", "Lq", "Lk"), self.info.fixed_axes, (q.shape[0], q.shape[1], k.shape[1]),
+                                        strict=True):
+            if size is not None and got_size != size:  # a derived call (one item, a prefix) the model cannot take
+                raise NotApplicable(f"the model fixes {name} to {size}; this call has {name}={got_size}")
         got = self.session.run([self.info.output], self.feed(q, k, v, mask))[0]
         return torch.from_numpy(np.asarray(got))
 

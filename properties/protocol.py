@@ -66,6 +66,8 @@ class Conventions:
         onnxruntime session: it computes the same whatever torch's modes).
     output_dtype: the dtype of every output whatever the inputs' (a layer that always returns
         float32, say), declared; None: the output has the dtype of q (the contract).
+    axes: (B, Lq, Lk) sizes the target is fixed to (an exported model with static axes), None
+        for each axis it takes at any size; examples are drawn at the fixed sizes.
     notes: the conventions in words, printed in the report.
     """
 
@@ -82,6 +84,7 @@ class Conventions:
     kv_heads: int | None = None
     torch_modes: bool = True
     output_dtype: torch.dtype | None = None
+    axes: tuple[int | None, int | None, int | None] = (None, None, None)
     notes: tuple[str, ...] = field(default=())
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
@@ -119,6 +122,9 @@ class Conventions:
             parts.append(str(self.dtype).replace("torch.", ""))
         if self.output_dtype is not None:
             parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
+        fixed = [f"{n}={a}" for n, a in zip(("B", "Lq", "Lk"), self.axes, strict=True) if a is not None]
+        if fixed:
+            parts.append(f"fixed {', '.join(fixed)}")
         return "; ".join(parts + list(self.notes))
 
 

@@ -178,6 +178,7 @@ def _check_positive(**kwargs: int) -> None:
 def sizes(
     *, max_batch: int = 9, max_len: int = 300, max_heads: int = 16, max_head_dim: int = 128,
     max_d_model: int = 1024, min_batch: int = 1, min_len: int = 1, fixed: tuple[int, int] | None = None,
+    axes: tuple[int | None, int | None, int | None] = (None, None, None),
 ) -> st.SearchStrategy[Sizes]:
     """Sizes with D = H * Hd and Lq, Lk drawn independently, reaching past real block boundaries.
 
@@ -190,6 +191,8 @@ def sizes(
     Lk = 1 (softmax identically 1: q, k and the scale cannot matter) is kept rare, ~10 %.
     ``fixed=(d_model, n_head)`` pins D and H (an exported model); ``min_batch``/``min_len``
     keep examples where a property compares something (permutations need 2 positions).
+    ``axes=(B, Lq, Lk)`` pins each axis given (a model exported with static axes is judged at
+    its sizes), whatever the case or the minimums.
     """
     _check_positive(max_batch=max_batch, max_len=max_len, max_heads=max_heads, max_head_dim=max_head_dim,
                     max_d_model=max_d_model, min_batch=min_batch, min_len=min_len)
@@ -201,9 +204,15 @@ def sizes(
         _check_positive(d_model=d_fixed, n_head=h_fixed)
         if d_fixed % h_fixed:
             raise ValueError(f"fixed d_model={d_fixed} is not divisible by n_head={h_fixed}")
+    for name, size in zip(("B", "Lq", "Lk"), axes, strict=True):
+        if size is not None:
+            _check_positive(**{name: size})
     forced = _FORCED_CASE.get()
     cases = _CASE_TABLE.get() if forced is None else (forced,)
-    return _draw_sizes(cases, min_batch, max_batch, min_len, max_len, max_heads, max_head_dim, max_d_model, fixed)
+    drawn = _draw_sizes(cases, min_batch, max_batch, min_len, max_len, max_heads, max_head_dim, max_d_model, fixed)
+    if axes == (None, None, None):
+        return drawn
+    return drawn.map(lambda s: s._replace(batch=axes[0] or s.batch, lq=axes[1] or s.lq, lk=axes[2] or s.lk))
 
 
 # Composite strategies are decorated once, here: ``st.composite`` inspects the function's
