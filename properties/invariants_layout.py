@@ -57,4 +57,6 @@ def layout_independence(bound: Instance, ex: AttnExample) -> Measure:
             continue
         measure = close(out, reference, allowed, f"output on {layout} inputs vs the same values contiguous", rows)
         return measure if rejected is None or not measure.checked else dataclasses.replace(measure, remark=rejected)
+    if rejected is not None:  # every layout refused: unchecked, and the verdict says why
+        raise NotApplicable(rejected)
     return UNCHECKED
