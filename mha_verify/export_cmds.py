@@ -12,11 +12,16 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mha_verify.arg_types import finite_positive, positive_int, positive_seconds, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from mha_verify.properties.results import CheckResult
+
+if TYPE_CHECKING:
+    from mha_verify.properties.onnx_interface import Interface
+    from mha_verify.properties.onnx_probe import MaskProbe
 
 
 class _Abort(Exception):  # noqa: N818 -- control flow, not an error
@@ -108,6 +113,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
     from mha_verify.properties import profiles
     from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map, read_interface
+    from mha_verify.properties.onnx_probe import describe_probe
+    from mha_verify.properties.onnx_reading import parse_conventions
     from mha_verify.properties.ort_target import params_from_graph
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import interface_result, load_eager, validation_tasks
@@ -116,20 +123,30 @@ def cmd_validate(args: argparse.Namespace) -> int:
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
         mapping = parse_input_map(args.inputs)
+        declared = {key: value for key, value in (("layout", args.layout), ("mask_axes", args.mask_axes),
+                                                  ("mask_kind", args.mask_kind)) if value is not None}
+        declared.update(parse_conventions(args.conventions))
         max_external = int(args.max_external_data_gb * 2**30)
         load_model(args.model, external_data=False, max_external_bytes=max_external)  # refused here if too large
-        info = read_interface(args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head)
+        info = read_interface(args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head,
+                              declared=declared)
         if info.d_model is None or info.n_head is None:
             raise ModelError(f"cannot tell d_model and n_head of {args.model} (d_model={info.d_model}, "
                              f"n_head={info.n_head}): pass --d-model and --n-head")
         if (args.weights is not None or args.target is not None) and args.isolate:  # its import runs isolated
             probe("probe_eager", dict(model=args.model, target_spec=args.target, weights=args.weights,
                                       weight_seed=args.weight_seed, mapping=mapping, d_model=args.d_model,
-                                      n_head=args.n_head), what="the eager target", timeout=args.timeout)
+                                      n_head=args.n_head, declared=declared), what="the eager target",
+                  timeout=args.timeout)
         elif args.weights is not None or args.target is not None:
             load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
         else:
             params_from_graph(info, max_external_bytes=max_external)
+        found = _mask_probe(args, mapping, declared) if info.mask is not None else None
+        usage, problem = (None, None) if found is None else describe_probe(
+            found, info.reading.mask_kind_source, info.reading.declared_kind, info.mask.name if info.mask else "")
+        if usage:
+            raise ModelError(usage)
         if args.bundle_dir:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (TargetError, ModelError, ValueError, OSError) as exc:
@@ -137,12 +154,53 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(printable(info.describe()))
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
-                             bundle_dir=args.bundle_dir, max_external_bytes=max_external)
+                             bundle_dir=args.bundle_dir, max_external_bytes=max_external, declared=declared)
     limits = Limits(timeout=args.timeout) if args.isolate else None
-    interface = interface_result(info, info.label, frozen="fail" if args.require_dynamic else "warn")
+    interface = interface_result(info, info.label, frozen="fail" if args.require_dynamic else "warn",
+                                 problems=[problem] if problem else [],
+                                 hints=_fully_masked_hint(found, info))
     results = [interface, *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(printable(format_results(results)))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
+
+
+def _fully_masked_hint(found: MaskProbe | None, info: Interface) -> list[str]:
+    """A warning where the model's fully masked rows match a convention other than the one it is
+    judged under (the fully_masked_rows property then fails; this line says what would declare it)."""
+    if found is None or found.contradicted:
+        return []
+    judged = f"{found.read}/{info.conventions.get('fully_masked', ('zeros', ''))[0]}"
+    others = [p for p in found.fully_masked if p != judged and p.split("/")[0] in (found.matches or (found.read,))]
+    if not others or judged in found.fully_masked:
+        return []
+    flags = " or ".join(f"--mask-kind {p.split('/')[0]} --conventions fully_masked={p.split('/')[1]}" for p in others)
+    return [f"fully masked rows: the model does not give {judged.split('/')[1]} there (judged as {judged}); they match "
+            f"{flags}: if that is its convention, declare it"]
+
+
+def _mask_probe(args: argparse.Namespace, mapping: dict[str, str], declared: dict[str, str]) -> MaskProbe | None:
+    """The model's answer to which mask kind it computes (:func:`mha_verify.gate.probe_mask_kind`),
+    run isolated like every onnxruntime call: a MaskProbe, or None without a mask input."""
+    import json
+
+    from mha_verify import gate
+    from mha_verify.isolation import probe
+    from mha_verify.properties.onnx_probe import MaskProbe
+    from mha_verify.properties.protocol import TargetError
+
+    kwargs = dict(model=args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head, declared=declared,
+                  target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
+    if args.isolate:
+        text = probe("probe_mask_kind", kwargs, what="the mask probe", timeout=args.timeout)
+    else:
+        (result,) = gate.probe_mask_kind(**kwargs)
+        if result.failed:
+            raise TargetError(str(result.reason))
+        text = str(result.reason)
+    found = json.loads(text)
+    if found is None:
+        return None
+    return MaskProbe(str(found["read"]), tuple(found["matches"]), tuple(found["fully_masked"]), int(found["calls"]))
 
 
 class _SeedMeansHypothesis(argparse.Action):
@@ -209,4 +267,17 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     va.add_argument("--require-dynamic", action="store_true",
                     help="a batch or length axis fixed in the graph's inputs fails the interface check (default: a "
                     "warning, and the properties are judged at the fixed sizes)")
+    va.add_argument("--layout", choices=("batch-first", "seq-first"), default=None,
+                    help="q, k, v (or x) as (B, L, D) or (L, B, D) (default: read from the file's axis names and "
+                    "shared axes; a usage error where it does not say)")
+    va.add_argument("--mask-axes", default=None, metavar="AXES",
+                    help="the mask input's axes, comma-separated from B, H, Lq, Lk, B*H: e.g. B,Lk (a key padding "
+                    "mask), Lq,Lk, B*H,Lq,Lk (torch's 3-D attn_mask) (default: read from its rank, names and dims)")
+    va.add_argument("--mask-kind", choices=("keep", "drop", "additive", "additive_min"), default=None,
+                    help="bool: keep (True = may attend, ONNX's) or drop (True = masked out, torch MHA's); float: "
+                    "additive (-inf removes) or additive_min (finfo.min removes, HF's) (default: read, else keep / "
+                    "additive)")
+    va.add_argument("--conventions", default=None, metavar="KEY=VALUE,...",
+                    help="what the file cannot say: fully_masked=zeros|uniform|nan (what a fully masked row gives), "
+                    "causal=true|false")
     va.set_defaults(func=cmd_validate)

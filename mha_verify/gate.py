@@ -65,7 +65,8 @@ def export_checks(*, target_spec: str | None, adapter: str | None, profile: str,
 def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str, max_examples: int | None,
                database: str | None, seed: int | None, target_spec: str | None, weights: str | None,
                weight_seed: int, mapping: dict[str, str], d_model: int | None, n_head: int | None,
-               bundle_dir: str | None, label: str, max_external_bytes: int | None = None) -> list[CheckResult]:
+               bundle_dir: str | None, label: str, max_external_bytes: int | None = None,
+               declared: dict[str, str] | None = None) -> list[CheckResult]:
     """One check (a property, or ort_vs_eager) of an ONNX model in one (provider, optimization level)."""
     from mha_verify.validation import run_onnx_check
 
@@ -73,11 +74,13 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
     return [run_onnx_check(model=model, check=check, provider=provider, opt=opt, settings=settings,
                            seed=seed_for(profile, seed, database), target_spec=target_spec, weights=weights,
                            weight_seed=weight_seed, mapping=mapping, d_model=d_model, n_head=n_head,
-                           bundle_dir=bundle_dir, label=label, max_external_bytes=max_external_bytes)]
+                           bundle_dir=bundle_dir, label=label, max_external_bytes=max_external_bytes,
+                           declared=declared)]
 
 
 def probe_eager(*, model: str, target_spec: str | None, weights: str | None, weight_seed: int,
-                mapping: dict[str, str], d_model: int | None, n_head: int | None) -> list[CheckResult]:
+                mapping: dict[str, str], d_model: int | None, n_head: int | None,
+                declared: dict[str, str] | None = None) -> list[CheckResult]:
     """Load the eager target at an ONNX model's sizes, with its weights file (``validate``'s check
     before it starts): pass, or fail with the usage error's message."""
     from mha_verify.properties.onnx_interface import ModelError, read_interface
@@ -85,11 +88,38 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
     from mha_verify.validation import load_eager
 
     try:
-        info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
+        info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
         load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
     except (TargetError, ModelError, ValueError) as exc:
         return [CheckResult("eager", "load", "fail", reason=str(exc), details={"usage": True})]
     return [CheckResult("eager", "load", "pass", reason=target_spec or "mha_verify.mha:MultiHeadAttention")]
+
+
+def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None, n_head: int | None,
+                    declared: dict[str, str], target_spec: str | None, weights: str | None,
+                    weight_seed: int) -> list[CheckResult]:
+    """Ask the model which mask kind it computes (:func:`properties.onnx_probe.probe_mask`): pass,
+    with the probe as the reason, JSON (``null`` without a mask input)."""
+    import dataclasses
+    import json
+
+    from mha_verify.properties.onnx_interface import ModelError, read_interface
+    from mha_verify.properties.onnx_probe import probe_mask
+    from mha_verify.properties.ort_target import OrtInstance, make_session, params_from_graph
+    from mha_verify.properties.protocol import TargetError
+    from mha_verify.validation import load_eager
+
+    try:
+        info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
+        if weights is not None or target_spec is not None:
+            params = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed).params()
+        else:
+            params = params_from_graph(info)
+    except (TargetError, ModelError, ValueError) as exc:
+        return [CheckResult("mask_probe", "load", "fail", reason=str(exc), details={"usage": True})]
+    found = probe_mask(OrtInstance(info, make_session(model), params.to(params.w_q.dtype)))
+    return [CheckResult("mask_probe", "load", "pass",
+                        reason=json.dumps(None if found is None else dataclasses.asdict(found)))]
 
 
 def probe_target(*, target_spec: str | None, adapter: str | None) -> list[CheckResult]:

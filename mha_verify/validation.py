@@ -52,16 +52,19 @@ def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.Pa
     return bound
 
 
-def interface_result(info: Interface, label: str, *, frozen: str = "fail") -> CheckResult:
-    """``<label>/interface``: the static problems of the model's inputs (unread, merged), and its frozen
-    axes, which give ``frozen`` ("fail": our own exports must keep B, Lq and Lk dynamic; "warn": a
-    model validated as it is, whose properties are judged at its fixed sizes)."""
-    problems = interface_problems(info)
+def interface_result(info: Interface, label: str, *, frozen: str = "fail", problems: Sequence[str] = (),
+                     hints: Sequence[str] = ()) -> CheckResult:
+    """``<label>/interface``: the static problems of the model's inputs (unread, merged) and ``problems``
+    found by probing it (a declared mask kind the model contradicts), which fail; its frozen axes,
+    which give ``frozen`` ("fail": our own exports must keep B, Lq and Lk dynamic; "warn": a model
+    validated as it is, whose properties are judged at its fixed sizes); ``hints``, which warn."""
+    problems = [*interface_problems(info), *problems]
     fixed = frozen_axes(info)
-    verdict = "fail" if problems else frozen if fixed else "pass"
+    verdict = "fail" if problems else frozen if fixed else "warn" if hints else "pass"
     if fixed:
         problems.append(", ".join(fixed) + ("; it must be dynamic" if frozen == "fail" else
                                             ": the properties were judged at that size only"))
+    problems += hints
     return CheckResult(f"{label}/interface", STAGE, verdict, reason="; ".join(problems) or None,
                        details={"inputs": {r: list(s.dims) for r, s in info.roles.items()},
                                 "mask_forms": sorted(info.mask_forms), "n_head_source": info.n_head_source})
@@ -119,7 +122,7 @@ def validate_model(
     providers: Sequence[str] = ("cpu",), opt_levels: Sequence[str] = tuple(OPT_LEVELS),
     checks: Sequence[str] | None = None, bundle_dir: str | os.PathLike[str] | None = None,
     name: str | None = None, seed: int | None = None, mapping: dict[str, str] | None = None,
-    d_model: int | None = None, n_head: int | None = None,
+    d_model: int | None = None, n_head: int | None = None, declared: dict[str, str] | None = None,
 ) -> list[CheckResult]:
     """Validate the model at ``path`` in this process: ``[interface, <provider>/<opt>/<check> ...]``.
 
@@ -127,7 +130,7 @@ def validate_model(
     the differential check runs); without it the parameters are read from the graph.
     Raises ModelError (properties.onnx_interface) for a file that is not an attention model.
     """
-    info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head)
+    info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
     label = name or info.label
     results = [interface_result(info, label)]
     params = eager.params() if eager is not None else params_from_graph(info)
@@ -151,7 +154,7 @@ def validation_tasks(
     opt_levels: Sequence[str] = tuple(OPT_LEVELS), max_examples: int | None = None, database: str | None = None,
     seed: int | None = None, target_spec: str | None = None, weights: str | None = None, weight_seed: int = 0,
     mapping: dict[str, str] | None = None, bundle_dir: str | None = None, name: str | None = None,
-    max_external_bytes: int | None = None,
+    max_external_bytes: int | None = None, declared: dict[str, str] | None = None,
 ) -> list[Task]:
     """The checks of :func:`validate_model` as gate tasks for the isolation path.
 
@@ -163,8 +166,7 @@ def validation_tasks(
     common = dict(model=str(Path(path).resolve()), profile=profile, max_examples=max_examples, database=database,
                   seed=seed, target_spec=target_spec, weights=weights, weight_seed=weight_seed,
                   mapping=mapping or {}, d_model=info.d_model, n_head=info.n_head, bundle_dir=bundle_dir,
-                  max_external_bytes=max_external_bytes,
-                  label=label)
+                  max_external_bytes=max_external_bytes, declared=declared or {}, label=label)
     examples = max_examples or profiles.PROFILES[profile].max_examples
     return [Task(f"{label}/{provider}/{opt}/{check}", STAGE, "onnx_check",
                  dict(common, provider=provider, opt=opt, check=check), examples=examples)
@@ -174,9 +176,9 @@ def validation_tasks(
 def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings: Settings, seed: int | None,
                    target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
                    d_model: int | None, n_head: int | None, bundle_dir: str | None, label: str,
-                   max_external_bytes: int | None = None) -> CheckResult:
+                   max_external_bytes: int | None = None, declared: dict[str, str] | None = None) -> CheckResult:
     """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
-    info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head)
+    info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
     eager = None
     if weights is not None or target_spec is not None:
         eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)

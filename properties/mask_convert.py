@@ -60,8 +60,10 @@ def to_kind(mask: torch.Tensor, kind: str, dtype: torch.dtype, *,
         if bool((mask[keep] != 0).any()):
             raise NotApplicable("the target takes bool masks only: finite float biases have no bool form")
         return keep
-    if kind == "drop":
-        return ~mask if mask.dtype == torch.bool else mask
+    if kind == "drop":  # a float mask stays additive where the target takes floats (torch MHA does)
+        if mask.dtype != torch.bool and "float" in takes:
+            return mask
+        return ~to_kind(mask, "keep", dtype, takes=frozenset({"bool"}))
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got kind={kind!r}")
     additive = additive_mask(mask, dtype)

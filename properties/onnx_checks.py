@@ -27,9 +27,9 @@ def interface_problems(info: Interface) -> list[str]:
                             "tensor)")
     if problems:
         return problems
-    first = info.roles["x" if info.self_attention else "q"].dims
+    first = info.dims_of("x" if info.self_attention else "q")
     if not info.self_attention:
-        lk = info.roles["k"].dims[1]
+        lk = info.dims_of("k")[1]
         if isinstance(first[1], str) and first[1] == lk:
             problems.append(f"Lq and Lk are one dimension {lk!r} in the graph: the model rejects or miscomputes "
                             "cross-attention (Lq != Lk); the exporter merged them, e.g. from equal example sizes")

@@ -1,6 +1,7 @@
-"""The head count of an attention ONNX model, read from its graph without running it: an
-attention operator's attribute, else the head split of a ``Reshape`` (a constant
-``[..., H, Hd]``, ``[..., H, -1]`` or ``[..., -1, Hd]`` with H * Hd = D), by majority."""
+"""The head count and the attributes of an attention ONNX model, read from its graph without
+running it: an attention operator's attribute, else the head split of a ``Reshape`` (a constant
+``[..., H, Hd]``, ``[..., H, -1]`` or ``[..., -1, Hd]`` with H * Hd = D), by majority; and the
+conventions its attention operators state (:func:`op_conventions`)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def n_head_from_graph(model: onnx.ModelProto, d_model: int | None) -> tuple[int 
     """(n_head, where it was read) or (None, "unknown")."""
     for node in model.graph.node:
         for a in node.attribute:
-            if (node.op_type, a.name) in (("Attention", "q_num_heads"), ("MultiHeadAttention", "num_heads"),
+            if (node.op_type, a.name) in (("Attention", "q_num_heads"), ("Attention", "num_heads"),
+                                          ("MultiHeadAttention", "num_heads"),
                                           ("GroupQueryAttention", "num_heads")) and a.i > 0:
                 return int(a.i), f"{node.op_type}.{a.name}"
     if d_model is None:
@@ -72,3 +74,44 @@ def n_head_from_graph(model: onnx.ModelProto, d_model: int | None) -> tuple[int 
     if votes:
         return votes.most_common(1)[0][0], "head split of a Reshape"
     return None, "unknown"
+
+
+#: (domain, op type) of the fused attention operators whose attributes state conventions
+ATTENTION_OPS = {("", "Attention"), ("ai.onnx", "Attention"), ("com.microsoft", "Attention"),
+                 ("com.microsoft", "MultiHeadAttention")}
+
+
+def op_conventions(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, float], list[str]]:
+    """What the model's fused attention operators state: (conventions, numbers, notes).
+
+    conventions: ``causal`` "true" where an operator is causal (ONNX ``is_causal``, contrib
+    ``unidirectional``); ``fully_masked`` "uniform" for contrib operators, whose masked
+    scores are the finite ``mask_filter_value`` (default -10000), so a fully masked row
+    averages every key. numbers: ``scale`` (ONNX and contrib ``scale``, when set and not 0),
+    ``kv_num_heads``, ``mask_filter_value``. Two operators that disagree: the first one's,
+    and a note saying so.
+    """
+    conventions: dict[str, str] = {}
+    numbers: dict[str, float] = {}
+    notes: list[str] = []
+    for node in model.graph.node:
+        if (node.domain, node.op_type) not in ATTENTION_OPS:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        contrib = node.domain == "com.microsoft"
+        found: dict[str, str] = {}
+        if attrs.get("is_causal") == 1 or attrs.get("unidirectional") == 1:
+            found["causal"] = "true"
+        if contrib:
+            found["fully_masked"] = "uniform"
+        for key in ("scale", "kv_num_heads", "mask_filter_value"):
+            value = attrs.get(key)
+            if isinstance(value, (int, float)) and value != 0 and key not in numbers:
+                numbers[key] = float(value)
+        for key, value in found.items():
+            if conventions.setdefault(key, value) != value:
+                notes.append(f"operators disagree on {key}: {conventions[key]} and {value}")
+        notes.append(f"{node.domain or 'ai.onnx'}.{node.op_type} {node.name!r}"
+                     + (f" ({', '.join(f'{k}={v}' for k, v in sorted(attrs.items()) if isinstance(v, (int, float)))})"
+                        if attrs else ""))
+    return conventions, numbers, notes

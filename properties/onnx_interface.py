@@ -35,7 +35,14 @@ import torch
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from mha_verify.mha.masks import forms_within
-from mha_verify.properties.onnx_heads import n_head_from_graph
+from mha_verify.properties.onnx_heads import n_head_from_graph, op_conventions
+from mha_verify.properties.onnx_reading import (
+    Reading,
+    read_conventions,
+    read_layout,
+    read_mask_axes,
+    read_mask_kind,
+)
 
 ROLES = ("q", "k", "v", "x", "mask")
 _ALIASES = {
@@ -87,6 +94,20 @@ class Interface:
     n_head: int | None
     n_head_source: str
     consumed: frozenset[str] = field(default_factory=frozenset)
+    reading: Reading = field(default_factory=lambda: Reading("batch-first", "default"))
+    #: fully_masked / causal: (value, source), where declared or stated by the file
+    conventions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: the fused attention operators found, with their attributes
+    operators: tuple[str, ...] = ()
+
+    @property
+    def seq_first(self) -> bool:
+        return self.reading.layout == "seq-first"
+
+    def dims_of(self, role: str) -> tuple[Dim, ...]:
+        """The dims of q, k, v or x in our (B, L, D) order, whatever the model's layout."""
+        dims = self.roles[role].dims
+        return (dims[1], dims[0], *dims[2:]) if self.seq_first else dims
 
     @property
     def self_attention(self) -> bool:
@@ -111,21 +132,20 @@ class Interface:
         return frozenset({"bool"}) if m.dtype is np.bool_ else frozenset({"float"})
 
     def mask_axes(self) -> tuple[Dim, Dim, Dim, Dim]:
-        """The mask input's dims as (B, H, Lq, Lk) axes; 1 for the axes its rank lacks."""
+        """The mask input's dims as (B, H, Lq, Lk) axes; 1 for the axes it lacks (a B*H axis is
+        full on both B and H)."""
         m = self.mask
         assert m is not None
-        dims = m.dims
-        if len(dims) == 2:
-            return (1, 1, 1, dims[1]) if "padding" in m.name else (1, 1, dims[0], dims[1])
-        if len(dims) == 3:
-            return (dims[0], 1, dims[1], dims[2])
-        return (dims[0], dims[1], dims[2], dims[3])
+        by_label = dict(zip(self.reading.mask_axes, m.dims, strict=True))
+        if "B*H" in by_label:
+            return (by_label["B*H"], self.n_head, by_label["Lq"], by_label["Lk"])
+        return (by_label.get("B", 1), by_label.get("H", 1), by_label.get("Lq", 1), by_label["Lk"])
 
     @property
     def fixed_axes(self) -> tuple[int | None, int | None, int | None]:
         """(B, Lq, Lk): the size the graph's inputs fix each axis to, None where it is dynamic."""
-        first = self.roles["x" if self.self_attention else "q"].dims
-        lk = first[1] if self.self_attention else self.roles["k"].dims[1]
+        first = self.dims_of("x" if self.self_attention else "q")
+        lk = first[1] if self.self_attention else self.dims_of("k")[1]
 
         def fixed(d: Dim) -> int | None:
             return d if isinstance(d, int) else None
@@ -154,6 +174,9 @@ class Interface:
         for role in ("x", "q", "k", "v", "mask"):
             if role in self.roles:
                 lines.append(f"  {role:4} <- {self.roles[role].describe()}")
+        lines += self.reading.describe()
+        lines += [f"  {key} {value} ({source})" for key, (value, source) in sorted(self.conventions.items())]
+        lines += [f"  operator {op}" for op in self.operators]
         if self.mask is None:
             lines.append("  mask: none (the model takes no mask)")
         else:
@@ -280,12 +303,32 @@ def _assign_roles(inputs: list[TensorSpec], mapping: dict[str, str], path: Path)
     return roles
 
 
+def _read(roles: dict[str, TensorSpec], metadata: dict[str, str], declared: dict[str, str]) -> Reading:
+    """The layout, mask axes and mask kind (:mod:`properties.onnx_reading`)."""
+    first = roles["x" if "x" in roles else "q"]
+    key = roles.get("k")
+    mask = roles.get("mask")
+    layout, layout_source = read_layout((first.name, first.dims), None if key is None else (key.name, key.dims),
+                                        None if mask is None else (mask.name, mask.dims), metadata, declared)
+    if mask is None:
+        return Reading(layout, layout_source)
+    b_axis, l_axis = (1, 0) if layout == "seq-first" else (0, 1)
+    lk = (key or first).dims[l_axis]
+    axes, axes_source = read_mask_axes((mask.name, mask.dims), first.dims[b_axis], first.dims[l_axis], lk,
+                                       metadata, declared)
+    kind, kind_source, kind_declared = read_mask_kind(mask.name, mask.dtype is np.bool_, metadata, declared)
+    return Reading(layout, layout_source, axes, axes_source, kind, kind_source, kind_declared)
+
+
 def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | None = None,
-                   d_model: int | None = None, n_head: int | None = None) -> Interface:
-    """Read the interface of the attention model at ``path``; ModelError (one line) if it has none.
+                   d_model: int | None = None, n_head: int | None = None,
+                   declared: dict[str, str] | None = None) -> Interface:
+    """Read the interface of the attention model at ``path``; ModelError (one line) if it has none
+    or cannot be told without a declaration.
 
     ``mapping`` (role -> input name) overrides the detection of roles; ``d_model`` and
-    ``n_head`` override what the file tells (and are checked against a static q axis).
+    ``n_head`` override what the file tells (and are checked against a static q axis);
+    ``declared`` holds ``layout``, ``mask_axes`` and ``mask_kind`` as ``validate`` takes them.
     """
     path = Path(path)
     model = load_model(path, external_data=False)  # the graph is all the interface needs
@@ -294,6 +337,10 @@ def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | No
               for i in model.graph.input if i.name not in inits]
     roles = _assign_roles(inputs, mapping or {}, path)
     metadata = {p.key: p.value for p in model.metadata_props}
+    try:
+        reading = _read(roles, metadata, declared or {})
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
     first = roles["x" if "x" in roles else "q"]
     static_d = first.dims[-1] if isinstance(first.dims[-1], int) else None
     if d_model is None:
@@ -315,9 +362,24 @@ def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | No
                 n_head, source = n_head_from_graph(model, d_model)
     if d_model is not None and n_head is not None and d_model % n_head:
         raise ModelError(f"d_model={d_model} is not divisible by n_head={n_head} ({source})")
+    from_ops, numbers, operators = op_conventions(model)
+    conventions_ = {k: v for k, v in (declared or {}).items() if k in ("fully_masked", "causal")}
+    try:
+        conventions = read_conventions(metadata, from_ops, conventions_)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    if "scale" in numbers and d_model is not None and n_head is not None:
+        default = (d_model // n_head) ** -0.5
+        if abs(numbers["scale"] - default) > 1e-6 * default:
+            raise ModelError(f"{path.name}'s attention operator sets scale={numbers['scale']:.6g}, not 1/sqrt(Hd)="
+                             f"{default:.6g}: the oracle takes no other softmax scale yet, so this model cannot be "
+                             "judged")
+    if "kv_num_heads" in numbers and n_head is not None and int(numbers["kv_num_heads"]) != n_head:
+        raise ModelError(f"{path.name}'s attention operator has kv_num_heads={int(numbers['kv_num_heads'])} of "
+                         f"n_head={n_head}: grouped-query ONNX models are not validated yet")
     # read for their values: a Shape node reads only the shape (what is left of an input whose
     # place another input took)
     consumed = ({name for node in model.graph.node if node.op_type != "Shape" for name in node.input}
                 | {o.name for o in model.graph.output})
     return Interface(path, roles, model.graph.output[0].name, metadata, d_model, n_head, source,
-                     frozenset(consumed & {i.name for i in inputs}))
+                     frozenset(consumed & {i.name for i in inputs}), reading, conventions, tuple(operators))

@@ -99,16 +99,17 @@ class OrtInstance:
     def _read_conventions(self) -> Conventions:
         """Read from the model's interface: mask type and forms, self-attention, sizes, dtype.
 
-        ``fully_masked`` and ``causal`` are the model's declaration (mha-verify's metadata
-        entries) if it has them, else our contract ("zeros", not causal): a foreign model is
-        held to the contract.
+        ``fully_masked`` and ``causal`` are declared (``validate --conventions``), else the
+        file's (metadata, then its attention operators' attributes), else our contract
+        ("zeros", not causal): a foreign model is held to the contract.
         """
         info = self.info
         forms = info.mask_forms if info.mask is not None else Conventions().mask_forms
         return Conventions(
             mask=info.mask_types, mask_forms=forms,
             cross_attention=not info.self_attention, weights=False,
-            fully_masked=info.metadata.get("fully_masked", "zeros"), causal=info.metadata.get("causal") == "true",
+            fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
+            causal=info.conventions.get("causal", ("false", ""))[0] == "true",
             grads=False, dropout=False, torch_modes=False,
             sizes=(self.d_model, self.n_head), dtype=info.dtype, axes=info.fixed_axes,
             notes=(f"onnxruntime session on {info.path.name}",),
@@ -118,20 +119,24 @@ class OrtInstance:
         return self._params
 
     def _mask_feed(self, mask: torch.Tensor | None, B: int, Lq: int, Lk: int) -> np.ndarray:
-        """The mask in the model's type, rank and static axes (all-keep when ``mask`` is None)."""
+        """The mask in the model's kind, axes and static sizes (all-keep when ``mask`` is None)."""
         spec = self.info.mask
         assert spec is not None
+        labels = self.info.reading.mask_axes
         axes = self.info.mask_axes()  # per (B, H, Lq, Lk): 1 where the model fixes the axis to 1
         full = (axes[0] != 1, axes[1] != 1, axes[2] != 1, axes[3] != 1)
-        if len(spec.dims) == 2:  # (B, Lk) for a key padding mask, else (Lq, Lk)
-            rank: tuple[int, ...] = (0, 3) if axes[2] == 1 and axes[0] != 1 else (2, 3)
-        else:
-            rank = (0, 2, 3) if len(spec.dims) == 3 else (0, 1, 2, 3)
+        # the (B, H, Lq, Lk) axes the input keeps; a B*H axis keeps B and H, then merges them
+        kept = tuple(i for i, name in enumerate(("B", "H", "Lq", "Lk"))
+                     if name in labels or (name in ("B", "H") and "B*H" in labels))
         sizes = (B, self.info.n_head or 1, Lq, Lk)
         m = torch.ones((1, 1, 1, 1), dtype=torch.bool) if mask is None else mask
-        m = to_shape(m, sizes, full, rank, what=f"the model's mask input {spec.describe()}")
-        m = to_kind(m, "keep", self.info.dtype, takes=frozenset({"bool"})) if spec.dtype is np.bool_ \
-            else to_kind(m, "additive", self.info.dtype)
+        m = to_shape(m, sizes, full, kept, what=f"the model's mask input {spec.describe()}")
+        if "B*H" in labels:  # (B, H, Lq, Lk) -> (B*H, Lq, Lk): item b, head h at row b*H + h
+            m = m.expand(B, sizes[1], m.shape[2], m.shape[3]).reshape(B * sizes[1], m.shape[2], m.shape[3])
+        kind = self.info.reading.mask_kind
+        assert kind is not None
+        takes = frozenset({"bool"}) if spec.dtype is np.bool_ else frozenset({"float"})
+        m = to_kind(m, kind, self.info.dtype, takes=takes)
         return np.ascontiguousarray(m.detach().cpu().numpy().astype(spec.dtype, copy=False))
 
     def feed(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -140,7 +145,8 @@ class OrtInstance:
         roles = self.info.roles
         dt = self._np_dtype
 
-        def arr(t: torch.Tensor) -> np.ndarray:
+        def arr(t: torch.Tensor) -> np.ndarray:  # (B, L, D) -> the model's layout
+            t = t.transpose(0, 1) if self.info.seq_first else t
             return np.ascontiguousarray(t.detach().cpu().numpy().astype(dt, copy=False))
 
         if self.info.self_attention:
@@ -163,8 +169,8 @@ class OrtInstance:
                                         strict=True):
             if size is not None and got_size != size:  # a derived call (one item, a prefix) the model cannot take
                 raise NotApplicable(f"the model fixes {name} to {size}; this call has {name}={got_size}")
-        got = self.session.run([self.info.output], self.feed(q, k, v, mask))[0]
-        return torch.from_numpy(np.asarray(got))
+        got = torch.from_numpy(np.asarray(self.session.run([self.info.output], self.feed(q, k, v, mask))[0]))
+        return got.transpose(0, 1) if self.info.seq_first and got.dim() == 3 else got  # (L, B, D) -> (B, L, D)
 
     def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
