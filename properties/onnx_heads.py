@@ -85,9 +85,10 @@ def op_conventions(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, fl
     """What the model's fused attention operators state: (conventions, numbers, notes).
 
     conventions: ``causal`` "true" where an operator is causal (ONNX ``is_causal``, contrib
-    ``unidirectional``); ``fully_masked`` "uniform" for contrib operators, whose masked
-    scores are the finite ``mask_filter_value`` (default -10000), so a fully masked row
-    averages every key. numbers: ``scale`` (ONNX and contrib ``scale``, when set and not 0),
+    ``unidirectional``). Contrib operators add the finite ``mask_filter_value`` (default
+    -10000) to masked scores, so a fully masked row attends to every key as if unmasked: no
+    convention of ours, so none is stated and ``fully_masked_rows`` judges it. numbers: ``scale``
+    (ONNX and contrib ``scale``, when set and not 0),
     ``kv_num_heads``, ``mask_filter_value``. Two operators that disagree: the first one's,
     and a note saying so.
     """
@@ -98,12 +99,9 @@ def op_conventions(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, fl
         if (node.domain, node.op_type) not in ATTENTION_OPS:
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        contrib = node.domain == "com.microsoft"
         found: dict[str, str] = {}
         if attrs.get("is_causal") == 1 or attrs.get("unidirectional") == 1:
             found["causal"] = "true"
-        if contrib:
-            found["fully_masked"] = "uniform"
         for key in ("scale", "kv_num_heads", "mask_filter_value"):
             value = attrs.get(key)
             if isinstance(value, (int, float)) and value != 0 and key not in numbers:

@@ -53,7 +53,10 @@ _ALIASES = {
     "mask": ("mask", "attn_mask", "attention_mask", "attn_bias", "attention_bias", "key_padding_mask"),
 }
 _NP_DTYPES: dict[int, type] = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
-                               onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.BOOL: np.bool_}
+                               onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.BOOL: np.bool_,
+                               onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT64: np.int64}
+#: mask element types fed 0/1 like a bool mask (HF's raw attention_mask, onnxruntime's mask_index)
+_BOOL_LIKE = (np.bool_, np.int32, np.int64)
 _TORCH_DTYPES: dict[type, torch.dtype] = {np.float32: torch.float32, np.float16: torch.float16,
                                           np.float64: torch.float64}
 
@@ -129,7 +132,7 @@ class Interface:
         m = self.mask
         if m is None:
             return frozenset()
-        return frozenset({"bool"}) if m.dtype is np.bool_ else frozenset({"float"})
+        return frozenset({"bool"}) if m.dtype in _BOOL_LIKE else frozenset({"float"})
 
     def mask_axes(self) -> tuple[Dim, Dim, Dim, Dim]:
         """The mask input's dims as (B, H, Lq, Lk) axes; 1 for the axes it lacks (a B*H axis is
@@ -295,9 +298,9 @@ def _assign_roles(inputs: list[TensorSpec], mapping: dict[str, str], path: Path)
                          "takes q, k, v (B, L, D) or one x (B, L, D); map them with --inputs")
     for role, spec in roles.items():
         if role == "mask":
-            if spec.dtype not in (np.bool_, *_TORCH_DTYPES) or len(spec.dims) not in (2, 3, 4):
-                raise ModelError(f"mask input {spec.describe()} must be bool or float of rank 2, 3 or 4 "
-                                 "(integer 0/1 masks are ambiguous)")
+            if spec.dtype not in (*_BOOL_LIKE, *_TORCH_DTYPES) or len(spec.dims) not in (2, 3, 4):
+                raise ModelError(f"mask input {spec.describe()} must be bool, int32/int64 (0/1) or float of rank 2, 3 "
+                                 "or 4")
         elif spec.dtype not in _TORCH_DTYPES or len(spec.dims) != 3:
             raise ModelError(f"input {role} = {spec.describe()} must be a float tensor (B, L, D)")
     return roles
@@ -316,7 +319,7 @@ def _read(roles: dict[str, TensorSpec], metadata: dict[str, str], declared: dict
     lk = (key or first).dims[l_axis]
     axes, axes_source = read_mask_axes((mask.name, mask.dims), first.dims[b_axis], first.dims[l_axis], lk,
                                        metadata, declared)
-    kind, kind_source, kind_declared = read_mask_kind(mask.name, mask.dtype is np.bool_, metadata, declared)
+    kind, kind_source, kind_declared = read_mask_kind(mask.name, mask.dtype in _BOOL_LIKE, metadata, declared)
     return Reading(layout, layout_source, axes, axes_source, kind, kind_source, kind_declared)
 
 

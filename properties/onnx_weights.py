@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mha_verify.properties.onnx_heads import ATTENTION_OPS
 from mha_verify.properties.onnx_interface import Interface, load_model
 from mha_verify.properties.recognition import initializer_tokens
 
@@ -65,9 +66,15 @@ def projection_weights(path: str | os.PathLike[str], info: Interface, *,
                     names += [add.name, other]
         token = next((t for t in (_token_role(n) for n in names) if t is not None), None)
         found.append((token, by_input.get(node.input[0]), weight, bias))
+    roles: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    packed = _packed_qkv(model, consts, d)
+    if packed is not None and len(found) == 1:  # onnxruntime's fused Attention, then the output projection
+        return _flat({**packed, "o": (found[0][2], found[0][3])})
+    if not found and _reads_inputs_directly(model, info):
+        eye = np.eye(d, dtype=np.float32)
+        return _flat({r: (eye, None) for r in ("q", "k", "v", "o")})
     if len(found) != 4:
         return None
-    roles: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     tokens = [f[0] for f in found]
     if sorted(t for t in tokens if t) == ["k", "o", "q", "v"]:
         roles = {f[0]: (f[2], f[3]) for f in found if f[0]}
@@ -80,6 +87,10 @@ def projection_weights(path: str | os.PathLike[str], info: Interface, *,
         else:
             order = (*(i or "" for i in inputs[:3]), "o")
         roles = {r: (f[2], f[3]) for r, f in zip(order, found, strict=True)}
+    return _flat(roles)
+
+
+def _flat(roles: dict[str, tuple[np.ndarray, np.ndarray | None]]) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for r in ("q", "k", "v", "o"):
         w, b = roles[r]
@@ -87,3 +98,27 @@ def projection_weights(path: str | os.PathLike[str], info: Interface, *,
         if b is not None:
             out[f"b_{r}"] = b
     return out
+
+
+def _packed_qkv(model: onnx.ModelProto, consts: dict[str, np.ndarray],
+                d: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]] | None:
+    """q, k, v projections (out, in) from a ``com.microsoft.Attention`` node's packed (D, 3D) weights
+    and (3D,) bias, as onnxruntime's transformer optimizer writes them; None if there is none."""
+    for node in model.graph.node:
+        if (node.domain, node.op_type) != ("com.microsoft", "Attention") or len(node.input) < 2:
+            continue
+        w = consts.get(node.input[1])
+        b = consts.get(node.input[2]) if len(node.input) > 2 else None
+        if w is None or w.shape != (d, 3 * d) or (b is not None and b.shape != (3 * d,)):
+            return None
+        return {r: (w[:, i * d:(i + 1) * d].T, None if b is None else b[i * d:(i + 1) * d])  # x @ W -> (out, in)
+                for i, r in enumerate(("q", "k", "v"))}
+    return None
+
+
+def _reads_inputs_directly(model: onnx.ModelProto, info: Interface) -> bool:
+    """The graph is one attention operator on q, k, v (or x) themselves, writing the output: no
+    projections, so they are the identity."""
+    wanted = [info.roles[r].name for r in (("x", "x", "x") if info.self_attention else ("q", "k", "v"))]
+    return any((n.domain, n.op_type) in ATTENTION_OPS and list(n.input[:3]) == wanted and info.output in n.output
+               for n in model.graph.node)

@@ -135,7 +135,7 @@ class OrtInstance:
             m = m.expand(B, sizes[1], m.shape[2], m.shape[3]).reshape(B * sizes[1], m.shape[2], m.shape[3])
         kind = self.info.reading.mask_kind
         assert kind is not None
-        takes = frozenset({"bool"}) if spec.dtype is np.bool_ else frozenset({"float"})
+        takes = self.info.mask_types  # an int32/int64 mask takes 0/1, as a bool one
         m = to_kind(m, kind, self.info.dtype, takes=takes)
         return np.ascontiguousarray(m.detach().cpu().numpy().astype(spec.dtype, copy=False))
 
