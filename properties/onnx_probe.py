@@ -83,7 +83,7 @@ def probe_mask(instance: OrtInstance, *, seed: int = 0) -> MaskProbe | None:
         shape = tuple(s if f else 1 for s, f in zip((B, instance.n_head, Lq, Lk), full, strict=True))
         keep = torch.rand(shape, generator=gen) < 0.6
         keep[..., int(torch.randint(Lk, (1,), generator=gen))] = True  # a kept key in every row
-        keep.view(-1, Lk)[0, 1:] = False  # and one row keeping only key 0
+        keep.view(-1, Lk)[0] = torch.arange(Lk) == 0  # and one row keeping only key 0
         masked = keep.clone()
         if full[2]:
             masked[0, ..., -1, :] = False  # item 0's last query row (every item's, without a batch axis)

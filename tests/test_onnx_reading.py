@@ -1,0 +1,88 @@
+"""What ``validate`` reads from a model file before any guess (properties/onnx_reading.py): the
+layout of q/k/v, the axes and kind of the mask input, and a usage error naming the flag where
+the file does not say or contradicts itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_verify.properties.onnx_reading import (
+    Ambiguous,
+    parse_conventions,
+    read_layout,
+    read_mask_axes,
+    read_mask_kind,
+)
+
+
+@pytest.mark.parametrize(("q", "k", "mask", "layout"), [
+    (("lq", "b", 16), ("lk", "b", 16), None, "seq-first"),  # torch MHA's default: they share B on axis 1
+    (("b", "lq", 16), ("b", "lk", 16), None, "batch-first"),
+    ((5, 2, 16), (7, 2, 16), None, "seq-first"),  # static: the shared size is B
+    (("s0", "s1", 16), None, ("m", ("s3", 1, "s1", "s1")), "batch-first"),  # the mask's query axis is axis 1
+    (("seq_len", "s1", 16), None, None, "seq-first"),  # by name alone
+    (("batch_size", "s1", 16), None, None, "batch-first"),
+], ids=["shared-axis-1", "shared-axis-0", "static", "mask-query-axis", "seq-name", "batch-name"])
+def test_the_layout_is_read_from_the_file(q: tuple, k: tuple | None, mask: tuple | None, layout: str) -> None:
+    got, source = read_layout(("q", q), None if k is None else ("k", k), mask, {}, {})
+    assert got == layout, source
+    assert source  # the reading says where it came from
+
+
+def test_no_evidence_is_a_usage_error_naming_the_flag() -> None:
+    with pytest.raises(Ambiguous, match=r"cannot tell whether query .* pass --layout batch-first"):
+        read_layout(("query", ("query_dynamic_axes_1", "query_dynamic_axes_2", 16)),
+                    ("key", ("key_dynamic_axes_1", "key_dynamic_axes_2", 16)), None, {}, {})
+
+
+def test_a_file_that_contradicts_itself_is_a_usage_error() -> None:
+    # the names say batch-first, the shared axis says seq-first
+    with pytest.raises(Ambiguous, match=r"contradicts itself.*--layout"):
+        read_layout(("q", ("batch", "n", 16)), ("k", ("lk", "n", 16)), None, {}, {})
+
+
+def test_a_declaration_or_metadata_wins_and_is_checked() -> None:
+    unnamed = ("q", ("a0", "a1", 16))
+    assert read_layout(unnamed, None, None, {}, {"layout": "seq-first"}) == ("seq-first", "declared")
+    assert read_layout(unnamed, None, None, {"layout": "seq_first"}, {}) == ("seq-first", "metadata")
+    with pytest.raises(ValueError, match="metadata 'layout' must be one of batch-first, seq-first, got 'import os'"):
+        read_layout(unnamed, None, None, {"layout": "import os"}, {})
+
+
+@pytest.mark.parametrize(("name", "dims", "labels"), [
+    ("attn_mask", ("4*b", "lq", "lk"), ("B*H", "Lq", "Lk")),  # torch's (B*H, Lq, Lk), as dynamo names it
+    ("attn_mask", ("b", "lq", "lk"), ("B", "Lq", "Lk")),
+    ("key_padding_mask", ("n", "lk"), ("B", "Lk")),
+    ("mask", ("b", "lk"), ("B", "Lk")),  # its first axis is q's batch symbol
+    ("mask", ("lq", "lk"), ("Lq", "Lk")),
+    ("mask", ("b", 1, "lq", "lk"), ("B", "H", "Lq", "Lk")),
+])
+def test_mask_axes_are_read_from_names_and_shared_symbols(name: str, dims: tuple, labels: tuple) -> None:
+    assert read_mask_axes((name, dims), "b", "lq", "lk", {}, {})[0] == labels
+
+
+def test_a_mask_whose_axes_cannot_be_told_is_a_usage_error() -> None:
+    with pytest.raises(Ambiguous, match="pass --mask-axes B,Lk or --mask-axes Lq,Lk"):
+        read_mask_axes(("m", ("m0", "m1")), "b", "lq", "lk", {}, {})
+    with pytest.raises(Ambiguous, match="--mask-axes B,Lq,Lk or --mask-axes B\\*H,Lq,Lk"):
+        read_mask_axes(("m", ("m0", "lq", "lk")), "b", "lq", "lk", {}, {})
+    assert read_mask_axes(("m", ("m0", "m1")), "b", "lq", "lk", {}, {"mask_axes": "B,Lk"}) == (("B", "Lk"), "declared")
+    for bad in ("B,Lq", "B,H,Lk", "B*H,B,Lk", "X,Lk"):
+        with pytest.raises(ValueError, match="--mask-axes"):
+            read_mask_axes(("m", ("m0", "m1")), "b", "lq", "lk", {}, {"mask_axes": bad})
+
+
+def test_the_mask_kind_is_read_or_declared_and_checked_against_the_type() -> None:
+    assert read_mask_kind("key_padding_mask", True, {}, {})[::2] == ("drop", True)
+    assert read_mask_kind("attn_mask", True, {}, {})[::2] == ("keep", False)  # ONNX's default: not declared
+    assert read_mask_kind("attention_mask", False, {}, {"mask_kind": "additive_min"})[::2] == ("additive_min", True)
+    with pytest.raises(ValueError, match="--mask-kind for mask input m \\(bool\\) must be one of keep, drop"):
+        read_mask_kind("m", True, {}, {"mask_kind": "additive"})
+
+
+def test_conventions_take_checked_keys() -> None:
+    assert parse_conventions("fully_masked=uniform, causal=true") == {"fully_masked": "uniform", "causal": "true"}
+    with pytest.raises(ValueError, match="KEY in fully_masked, causal"):
+        parse_conventions("scale=2")
+    with pytest.raises(ValueError, match="fully_masked must be one of zeros, uniform, nan"):
+        parse_conventions("fully_masked=inf")
