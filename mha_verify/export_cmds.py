@@ -113,7 +113,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
     from mha_verify.properties import profiles
     from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map, read_interface
-    from mha_verify.properties.onnx_probe import describe_probe
+    from mha_verify.properties.onnx_probe import MaskProbe, describe_probe
     from mha_verify.properties.onnx_reading import parse_conventions
     from mha_verify.properties.ort_target import params_from_graph
     from mha_verify.properties.protocol import TargetError
@@ -142,7 +142,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
         else:
             params_from_graph(info, max_external_bytes=max_external)
-        found = _mask_probe(args, mapping, declared) if info.mask is not None else None
+        probed = _mask_probe(args, mapping, declared) if info.mask is not None else None
+        found = probed if isinstance(probed, MaskProbe) else None
         usage, problem = (None, None) if found is None else describe_probe(
             found, info.reading.mask_kind_source, info.reading.declared_kind, info.mask.name if info.mask else "")
         if usage:
@@ -158,7 +159,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     limits = Limits(timeout=args.timeout) if args.isolate else None
     interface = interface_result(info, info.label, frozen="fail" if args.require_dynamic else "warn",
                                  problems=[problem] if problem else [],
-                                 hints=_fully_masked_hint(found, info))
+                                 hints=[probed] if isinstance(probed, str) else _fully_masked_hint(found, info))
     results = [interface, *run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs())]
     print(printable(format_results(results)))
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
@@ -178,9 +179,11 @@ def _fully_masked_hint(found: MaskProbe | None, info: Interface) -> list[str]:
             f"{flags}: if that is its convention, declare it"]
 
 
-def _mask_probe(args: argparse.Namespace, mapping: dict[str, str], declared: dict[str, str]) -> MaskProbe | None:
+def _mask_probe(args: argparse.Namespace, mapping: dict[str, str],
+                declared: dict[str, str]) -> MaskProbe | str | None:
     """The model's answer to which mask kind it computes (:func:`mha_verify.gate.probe_mask_kind`),
-    run isolated like every onnxruntime call: a MaskProbe, or None without a mask input."""
+    run isolated like every onnxruntime call: a MaskProbe, None without a mask input, or why it
+    could not run (onnxruntime crashed or hung: a warning, the checks then report it)."""
     import json
 
     from mha_verify import gate
@@ -191,7 +194,13 @@ def _mask_probe(args: argparse.Namespace, mapping: dict[str, str], declared: dic
     kwargs = dict(model=args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head, declared=declared,
                   target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
     if args.isolate:
-        text = probe("probe_mask_kind", kwargs, what="the mask probe", timeout=args.timeout)
+        try:
+            text = probe("probe_mask_kind", kwargs, what="the mask probe", timeout=args.timeout)
+        except TargetError as exc:
+            if not str(exc).startswith("loading the mask probe failed"):
+                raise  # a usage error of its own (the eager target, the weights)
+            # onnxruntime crashed or hung on the model: the checks report that, each in its worker
+            return str(exc).replace("loading the mask probe failed", "the mask probe could not run")
     else:
         (result,) = gate.probe_mask_kind(**kwargs)
         if result.failed:

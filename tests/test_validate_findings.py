@@ -6,11 +6,15 @@ reason (docs/ecosystem.md, "What validate reads").
 * torch.onnx (TorchScript, opset 20) gives NaN on a fully padded item of torch MHA, where eager
   torch MHA gives ``out_proj.bias``;
 * onnxruntime's fused ``com.microsoft.Attention`` (as its transformer optimizer writes BERT) adds
-  a finite -10000 to masked scores, so a fully padded item attends to every key as if unmasked.
+  a finite -10000 to masked scores, so a fully padded item attends to every key as if unmasked;
+* onnxruntime 1.32 crashes (SIGSEGV) creating an ``ORT_ENABLE_ALL`` session on torch MHA converted
+  to float16 by its own ``float16.convert_float_to_float16``; lower levels load it.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -118,3 +122,38 @@ def test_fused_contrib_attention_lets_a_padded_item_attend_to_every_key(tmp_path
     assert not np.allclose(masked[0], w[3], atol=1e-2)  # not the bias (our contract), not NaN
     results = validate_model(path, settings=QUICK, opt_levels=("opt-all",), checks=("fully_masked_rows",))
     assert results[1].failed and "fully masked row" in (results[1].reason or ""), results[1]
+
+
+@pytest.mark.skipif(not ort.__version__.startswith("1.32."), reason=f"recorded on onnxruntime 1.32, "
+                    f"this is {ort.__version__}")
+def test_onnxruntime_crashes_on_an_fp16_converted_torch_mha_at_its_highest_level(tmp_path: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    module = nn.MultiheadAttention(D, H, batch_first=True).eval()
+
+    class _Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = module
+
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return self.m(q, k, v, attn_mask=mask, need_weights=False)[0]
+
+    q, k = torch.randn(B, 3, D), torch.randn(B, 5, D)
+    path32, path16 = tmp_path / "m32.onnx", tmp_path / "m16.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Masked(), (q, k, k, torch.zeros(3, 5)), str(path32),  # type: ignore[attr-defined]
+                          input_names=["query", "key", "value", "attn_mask"], output_names=["out"], dynamo=False,
+                          opset_version=17, dynamic_axes={"query": {0: "b", 1: "lq"}, "key": {0: "b", 1: "lk"},
+                                                          "value": {0: "b", 1: "lk"}, "attn_mask": {0: "lq", 1: "lk"}})
+    onnx.save(convert_float_to_float16(onnx.load(str(path32)), keep_io_types=False), str(path16))
+
+    def load(level: str) -> int:  # a crash must end a child, not this test run
+        code = ("import onnxruntime as ort, sys; so = ort.SessionOptions(); "
+                f"so.graph_optimization_level = ort.GraphOptimizationLevel.{level}; "
+                "ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])")
+        return subprocess.run([sys.executable, "-c", code, str(path16)], capture_output=True, timeout=120).returncode
+
+    assert load("ORT_ENABLE_EXTENDED") == 0
+    assert load("ORT_ENABLE_ALL") == -11  # SIGSEGV
