@@ -112,7 +112,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """
     from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
     from mha_verify.properties import profiles
-    from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map, read_interface
+    from mha_verify.properties.onnx_interface import (
+        ModelError,
+        adopt_conventions,
+        load_model,
+        parse_input_map,
+        read_interface,
+    )
     from mha_verify.properties.onnx_probe import MaskProbe, describe_probe
     from mha_verify.properties.onnx_reading import parse_conventions
     from mha_verify.properties.ort_target import params_from_graph
@@ -133,16 +139,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if info.d_model is None or info.n_head is None:
             raise ModelError(f"cannot tell d_model and n_head of {args.model} (d_model={info.d_model}, "
                              f"n_head={info.n_head}): pass --d-model and --n-head")
-        if (args.weights is not None or args.target is not None) and args.isolate:  # its import runs isolated
+        eager = args.weights is not None or args.target is not None
+        if eager and args.isolate:  # its import runs isolated: a crash or exit there is a usage error
             probe("probe_eager", dict(model=args.model, target_spec=args.target, weights=args.weights,
                                       weight_seed=args.weight_seed, mapping=mapping, d_model=args.d_model,
                                       n_head=args.n_head, declared=declared), what="the eager target",
                   timeout=args.timeout)
-        elif args.weights is not None or args.target is not None:
+        elif eager:
             load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
         else:
             params_from_graph(info, max_external_bytes=max_external)
-        probed = _mask_probe(args, mapping, declared) if info.mask is not None else None
+        # the model asked its mask kind, the eager target its conventions
+        probed, adopted = _mask_probe(args, mapping, declared) if eager or info.mask is not None else (None, {})
+        info = adopt_conventions(info, adopted, "the eager target")
         found = probed if isinstance(probed, MaskProbe) else None
         usage, problem = (None, None) if found is None else describe_probe(
             found, info.reading.mask_kind_source, info.reading.declared_kind, info.mask.name if info.mask else "")
@@ -180,10 +189,12 @@ def _fully_masked_hint(found: MaskProbe | None, info: Interface) -> list[str]:
 
 
 def _mask_probe(args: argparse.Namespace, mapping: dict[str, str],
-                declared: dict[str, str]) -> MaskProbe | str | None:
+                declared: dict[str, str]) -> tuple[MaskProbe | str | None, dict[str, str]]:
     """The model's answer to which mask kind it computes (:func:`mha_verify.gate.probe_mask_kind`),
-    run isolated like every onnxruntime call: a MaskProbe, None without a mask input, or why it
-    could not run (onnxruntime crashed or hung: a warning, the checks then report it)."""
+    run isolated like every onnxruntime call, and the eager target's conventions ({} without one).
+
+    The answer is a MaskProbe, None without a mask input, or why it could not run (onnxruntime
+    crashed or hung: a warning, the checks then report it)."""
     import json
 
     from mha_verify import gate
@@ -200,16 +211,19 @@ def _mask_probe(args: argparse.Namespace, mapping: dict[str, str],
             if not str(exc).startswith("loading the mask probe failed"):
                 raise  # a usage error of its own (the eager target, the weights)
             # onnxruntime crashed or hung on the model: the checks report that, each in its worker
-            return str(exc).replace("loading the mask probe failed", "the mask probe could not run")
+            return str(exc).replace("loading the mask probe failed", "the mask probe could not run"), {}
     else:
         (result,) = gate.probe_mask_kind(**kwargs)
         if result.failed:
             raise TargetError(str(result.reason))
         text = str(result.reason)
-    found = json.loads(text)
+    answer = json.loads(text)
+    eager = {str(k): str(v) for k, v in answer["eager"].items()}
+    found = answer["probe"]
     if found is None:
-        return None
-    return MaskProbe(str(found["read"]), tuple(found["matches"]), tuple(found["fully_masked"]), int(found["calls"]))
+        return None, eager
+    return MaskProbe(str(found["read"]), tuple(found["matches"]), tuple(found["fully_masked"]),
+                     int(found["calls"])), eager
 
 
 class _SeedMeansHypothesis(argparse.Action):

@@ -98,29 +98,35 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
 def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None, n_head: int | None,
                     declared: dict[str, str], target_spec: str | None, weights: str | None,
                     weight_seed: int) -> list[CheckResult]:
-    """Ask the model which mask kind it computes (:func:`properties.onnx_probe.probe_mask`): pass,
-    with the probe as the reason, JSON (``null`` without a mask input)."""
+    """Ask the model which mask kind it computes (:func:`properties.onnx_probe.probe_mask`), and the
+    eager target its conventions: pass, with ``{"probe": ..., "eager": {...}}`` as the reason, JSON
+    (probe ``null`` without a mask input, eager ``{}`` without an eager target)."""
     import dataclasses
     import json
 
-    from mha_verify.properties.onnx_interface import ModelError, read_interface
+    from mha_verify.properties.onnx_interface import ModelError, eager_conventions, read_interface
     from mha_verify.properties.onnx_probe import probe_mask
     from mha_verify.properties.ort_target import OrtInstance, make_session, params_from_graph
     from mha_verify.properties.protocol import TargetError
-    from mha_verify.validation import load_eager
+    from mha_verify.validation import load_eager, with_eager
 
     try:
         info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
+        eager: dict[str, str] = {}
         if weights is not None or target_spec is not None:
-            params = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed).params()
+            bound = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+            info, params = with_eager(info, bound), bound.params()
+            eager = eager_conventions(bound.conventions.fully_masked, bound.conventions.causal)
         else:
             params = params_from_graph(info)
     except (TargetError, ModelError, ValueError) as exc:
         return [CheckResult("mask_probe", "load", "fail", reason=str(exc), details={"usage": True})]
-    # the model as written: optimizations are what the checks judge, per level
-    found = probe_mask(OrtInstance(info, make_session(model, opt="opt-none"), params.to(params.w_q.dtype)))
+    found = None
+    if info.mask is not None:  # the model as written: optimizations are what the checks judge, per level
+        found = probe_mask(OrtInstance(info, make_session(model, opt="opt-none"), params.to(params.w_q.dtype)))
     return [CheckResult("mask_probe", "load", "pass",
-                        reason=json.dumps(None if found is None else dataclasses.asdict(found)))]
+                        reason=json.dumps({"probe": None if found is None else dataclasses.asdict(found),
+                                           "eager": eager}))]
 
 
 def probe_target(*, target_spec: str | None, adapter: str | None) -> list[CheckResult]:

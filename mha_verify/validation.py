@@ -26,7 +26,7 @@ from hypothesis import settings as Settings
 from mha_verify.mha.reference import multi_head
 from mha_verify.properties import profiles
 from mha_verify.properties.onnx_checks import frozen_axes, interface_problems
-from mha_verify.properties.onnx_interface import Interface, read_interface
+from mha_verify.properties.onnx_interface import Interface, adopt_conventions, eager_conventions, read_interface
 from mha_verify.properties.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
 from mha_verify.properties.results import CheckResult
 from mha_verify.properties.runner import run_property, run_relation
@@ -50,6 +50,13 @@ def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.Pa
     if weights is not None:
         load_weights(bound, weights, info.dtype)
     return bound
+
+
+def with_eager(info: Interface, eager: Bound) -> Interface:
+    """The model's interface with the eager target's fully_masked and causal where nothing else states
+    them (the eager layer is what the model was exported from)."""
+    conv = eager.conventions
+    return adopt_conventions(info, eager_conventions(conv.fully_masked, conv.causal), "the eager target")
 
 
 def interface_result(info: Interface, label: str, *, frozen: str = "fail", problems: Sequence[str] = (),
@@ -132,6 +139,8 @@ def validate_model(
     """
     info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
     label = name or info.label
+    if eager is not None:
+        info = with_eager(info, eager)
     results = [interface_result(info, label)]
     params = eager.params() if eager is not None else params_from_graph(info)
     params = params.to(params.w_q.dtype)  # detached
@@ -182,6 +191,7 @@ def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings:
     eager = None
     if weights is not None or target_spec is not None:
         eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+        info = with_eager(info, eager)
     params = eager.params() if eager is not None else params_from_graph(info, max_external_bytes=max_external_bytes)
     params = params.to(params.w_q.dtype)  # detached
     torch.set_num_threads(1)

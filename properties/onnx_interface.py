@@ -25,6 +25,7 @@ form (a form's size-1 axes are expanded to the model's full ones when it is fed)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,6 +189,21 @@ class Interface:
         lines.append(f"  output {self.output}; d_model={self.d_model}, n_head={self.n_head} ({self.n_head_source}); "
                      f"dtype {str(self.dtype).replace('torch.', '')}")
         return "\n".join(lines)
+
+
+def adopt_conventions(info: Interface, conventions: dict[str, str], source: str) -> Interface:
+    """``info`` with the ``fully_masked`` / ``causal`` of ``conventions`` (the eager target's) where
+    the file and the declarations state none: one declaration serves both sides."""
+    adopted = dict(info.conventions)
+    for key in ("fully_masked", "causal"):
+        if key not in adopted and key in conventions:
+            adopted[key] = (conventions[key], source)
+    return dataclasses.replace(info, conventions=adopted)
+
+
+def eager_conventions(fully_masked: str, causal: bool) -> dict[str, str]:
+    """An eager target's conventions in :func:`adopt_conventions`' vocabulary."""
+    return {"fully_masked": fully_masked, "causal": "true" if causal else "false"}
 
 
 def parse_input_map(text: str | None) -> dict[str, str]:

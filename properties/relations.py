@@ -16,12 +16,13 @@ such a check could not fail. A failure says which side is off the oracle.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.mha.tolerance import tolerance_for
+from mha_verify.mha.tolerance import Tolerance, tolerance_for
 from mha_verify.properties.applicable import comparable_rows, examples_for
 from mha_verify.properties.measure import UNCHECKED, Measure, Violation, oracle
 from mha_verify.properties.protocol import Conventions, Instance
@@ -37,7 +38,26 @@ def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _examples(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
-    return examples_for(conv)  # oracle_agreement's examples, for the session's conventions
+    """oracle_agreement's examples for the session's conventions, fully masked rows included whatever
+    it declares there: the two sides of one layer must agree on them too."""
+    return examples_for(dataclasses.replace(conv, fully_masked="zeros"))
+
+
+def _agree_where_masked(got: torch.Tensor, want: torch.Tensor, tol: Tolerance) -> None:
+    """Rows with a fully masked head (n, D), onnxruntime vs eager: the same NaN pattern, and within the
+    floors of the tolerance rule scaled to the eager values where both are finite."""
+    nan_got, nan_want = torch.isnan(got), torch.isnan(want)
+    if bool((nan_got != nan_want).any()):
+        side, other = ("onnxruntime", "eager") if bool((nan_got & ~nan_want).any()) else ("eager", "onnxruntime")
+        raise Violation(f"on rows with a fully masked head {side} gives NaN where {other} gives finite values",
+                        math.inf, 0.0)
+    both = ~nan_got & ~nan_want
+    if bool(both.any()):
+        diff = _max_abs(got[both], want[both])
+        allowed = 2 * tol.allowed(0.0, float(want[both].abs().max()))
+        if not diff <= allowed:
+            raise Violation(f"on rows with a fully masked head max |onnxruntime - eager| {diff:.3g} > allowed "
+                            f"{allowed:.3g}", diff, allowed)
 
 
 @relation("ort_vs_eager", strategy=_examples)
@@ -48,12 +68,16 @@ def ort_vs_eager(ort: Instance, eager: Instance, ex: AttnExample) -> Measure:
         got = ort(ex.q, ex.k, ex.v, ex.mask)
         want = eager(ex.q, ex.k, ex.v, ex.mask)
     ref, _, same = oracle(eager, ex)
+    tol = tolerance_for(ex.q.dtype)
     if ort.conventions.fully_masked != "zeros" or eager.conventions.fully_masked != "zeros":
+        # the oracle follows a declared convention on rows with a fully masked head; the two sides
+        # are one layer, so there they must still agree with each other: NaN where the other is NaN
         rows = comparable_rows(ex)
+        _agree_where_masked(got[~rows], want[~rows], tol)
         got, want, ref, same = got[rows], want[rows], ref[rows], same[rows]
     if ref.numel() == 0:
         return UNCHECKED
-    one = tolerance_for(ex.q.dtype).allowed(_max_abs(same, ref), float(ref.abs().max()))
+    one = tol.allowed(_max_abs(same, ref), float(ref.abs().max()))
     if not math.isfinite(one):
         return UNCHECKED
     allowed = 2 * one
