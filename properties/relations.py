@@ -44,12 +44,15 @@ def _examples(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
 
 
 def _agree_where_masked(got: torch.Tensor, want: torch.Tensor, tol: Tolerance) -> None:
-    """Rows with a fully masked head (n, D), onnxruntime vs eager: the same NaN pattern, and within the
-    floors of the tolerance rule scaled to the eager values where both are finite."""
+    """Rows with a fully masked head (n, D), onnxruntime vs eager: no NaN where eager is finite, and
+    within the floors of the tolerance rule scaled to the eager values where both are finite.
+
+    The model is the subject: where eager gives NaN (torch MHA's fast path does) and the model a
+    finite value, the model lost nothing, and eager's NaN is a finding of the eager target's own checks.
+    """
     nan_got, nan_want = torch.isnan(got), torch.isnan(want)
-    if bool((nan_got != nan_want).any()):
-        side, other = ("onnxruntime", "eager") if bool((nan_got & ~nan_want).any()) else ("eager", "onnxruntime")
-        raise Violation(f"on rows with a fully masked head {side} gives NaN where {other} gives finite values",
+    if bool((nan_got & ~nan_want).any()):
+        raise Violation("on rows with a fully masked head onnxruntime gives NaN where eager gives finite values",
                         math.inf, 0.0)
     both = ~nan_got & ~nan_want
     if bool(both.any()):

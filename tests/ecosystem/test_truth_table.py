@@ -58,6 +58,15 @@ TRUTH: dict[str, tuple[str | None, dict[str, str]]] = {
 
 # layer -> {exporter: (what every failing onnxruntime check of its model says, the true finding)}:
 # a model that exports but cannot run as exported
+TS_NAN = ("onnxruntime gives NaN where eager gives finite values",
+          "TorchScript's export of torch MHA gives NaN on a fully padded item where eager torch MHA gives b_o "
+          "(test_torchscript_opset_20_gives_nan_where_eager_torch_mha_gives_the_bias)")
+# layer -> {exporter: (what its failing checks say, the true finding)}: a model that runs but
+# differs from the eager layer on some inputs (the checks that meet them fail; the rest pass)
+EXPORT_DIVERGENCES: dict[str, dict[str, tuple[str, str]]] = {
+    "torch_mha_batch_first": {"torchscript": TS_NAN},
+    "torch_mha_seq_first": {"torchscript": TS_NAN},
+}
 EXPORT_FINDINGS: dict[str, dict[str, tuple[str, str]]] = {
     "torch_mha_self_attention": {"torchscript": (
         "Reshape", "TorchScript fixes the example's length in the Reshape of k after torch MHA's packed "
@@ -108,8 +117,8 @@ def _explained(layer: str, result: dict[str, Any]) -> bool:
     if "*" in findings or result["name"].rsplit("/", 1)[-1] in findings:
         return True
     exporter = result["name"].split("-", 1)[0] if result["stage"] == "export" else None
-    signature = EXPORT_FINDINGS.get(layer, {}).get(exporter or "")
-    return signature is not None and signature[0] in (result.get("reason") or "")
+    signatures = [table.get(layer, {}).get(exporter or "") for table in (EXPORT_FINDINGS, EXPORT_DIVERGENCES)]
+    return any(sig is not None and sig[0] in (result.get("reason") or "") for sig in signatures)
 
 
 @pytest.mark.slow
