@@ -140,35 +140,35 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 def multi_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros",
+    fully_masked: str = "zeros", scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed multi-head attention evaluated in ``dtype`` (float64 by default: the oracle).
 
     q (B, Lq, D), k (B, Lk, D), v (B, Lk, D); mask broadcasting to (B, H, Lq, Lk).
     Grouped-query attention where ``params.w_k`` has Hkv * Hd < D rows: kv head j serves
-    query heads j*g .. j*g+g-1 with g = H / Hkv (HF's ``repeat_kv``). ``causal`` and
-    ``fully_masked`` as in :func:`attention`.
+    query heads j*g .. j*g+g-1 with g = H / Hkv (HF's ``repeat_kv``). ``causal``,
+    ``fully_masked`` and ``scale`` (None: 1 / sqrt(Hd)) as in :func:`attention`.
     Returns (output (B, Lq, D), weights (B, H, Lq, Lk)), both in ``dtype``.
     """
     concat, weights = concat_heads(q, k, v, params, n_head, mask, dtype=dtype, causal=causal,
-                                   fully_masked=fully_masked)
+                                   fully_masked=fully_masked, scale=scale)
     return output_projection(concat, params.to(dtype)), weights
 
 
 def concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros",
+    fully_masked: str = "zeros", scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`multi_head` before its output projection: (heads concatenated (B, Lq, D), weights
     (B, H, Lq, Lk)) in ``dtype``; ``output_projection`` of the first is ``multi_head``'s output."""
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
-    return _concat_heads(q, k, v, params.to(dtype), n_head, mask, causal=causal, fully_masked=fully_masked)
+    return _concat_heads(q, k, v, params.to(dtype), n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale)
 
 
 def _concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: MHAParams, n_head: int, mask: torch.Tensor | None,
-    *, causal: bool, fully_masked: str, via_lse: bool = False,
+    *, causal: bool, fully_masked: str, via_lse: bool = False, scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`concat_heads` on inputs and weights already in one dtype, on autograd's graph."""
     d = q.shape[-1]
@@ -182,7 +182,7 @@ def _concat_heads(
     vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
     m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(q.dtype))
     # (B, H, Lq, Hd), (B, H, Lq, Lk)
-    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, via_lse=via_lse)
+    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, scale=scale, via_lse=via_lse)
     # (B, H, Lq, Hd) -> (B, Lq, H, Hd) -> (B, Lq, D)
     return heads.transpose(-3, -2).reshape(*q.shape[:-1], d), weights
 
@@ -190,6 +190,7 @@ def _concat_heads(
 def multi_head_graph(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """:func:`multi_head`'s output (B, Lq, D), differentiable: nothing is detached or converted.
 
@@ -197,7 +198,7 @@ def multi_head_graph(
     leaves of its own graph); gradients flow to each of them that requires grad. ``via_lse`` as
     in :func:`attention`.
     """
-    concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked,
+    concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale,
                               via_lse=via_lse)
     return output_projection(concat, params)
 
@@ -205,7 +206,7 @@ def multi_head_graph(
 def same_precision(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, oracle: torch.Tensor, causal: bool = False,
-    fully_masked: str = "zeros",
+    fully_masked: str = "zeros", scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The "same-precision reference" that calibrates tolerances: :func:`multi_head` in ``dtype``.
 
@@ -215,7 +216,8 @@ def same_precision(
     problem is ill-conditioned (scores of 1e5 and more, where the softmax amplifies rounding),
     two draws bound what another correct implementation in ``dtype`` may do far better.
     """
-    first = multi_head(q, k, v, params, n_head, mask, dtype=dtype, causal=causal, fully_masked=fully_masked)
+    first = multi_head(q, k, v, params, n_head, mask, dtype=dtype, causal=causal, fully_masked=fully_masked,
+                       scale=scale)
     eps = torch.finfo(dtype).eps
     gen = torch.Generator().manual_seed(0)
 
@@ -223,7 +225,7 @@ def same_precision(
         return t.detach().to(dtype) * (1 + eps * (2 * torch.rand(t.shape, generator=gen) - 1)).to(dtype)
 
     second = multi_head(nudge(q), nudge(k), nudge(v), params, n_head, mask, dtype=dtype, causal=causal,
-                        fully_masked=fully_masked)
+                        fully_masked=fully_masked, scale=scale)
 
     def error(t: torch.Tensor) -> float:
         diff = (t.double() - oracle.double()).abs().nan_to_num(math.inf)
@@ -235,7 +237,7 @@ def same_precision(
 def rounding_bound(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool = False, fully_masked: str = "zeros",
-    weights: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None, scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bound, in float64, of how far rounding the scores in ``dtype`` moves the output
     (B, Lq, D) and the weights (B, H, Lq, Lk): (output bound, weights bound).
@@ -256,7 +258,7 @@ def rounding_bound(
     u = torch.finfo(dtype).eps / 2
     p = params.to(torch.float64)
     if weights is None:
-        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked)
+        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale)
     weights = weights.detach().to(torch.float64).nan_to_num(0.0)  # (B, H, Lq, Lk)
     d = q.shape[-1]
     hd = d // n_head
@@ -267,7 +269,7 @@ def rounding_bound(
         return y.reshape(*y.shape[:-1], n, hd).transpose(-3, -2).repeat_interleave(n_head // n, dim=-3)
 
     qh, kh, vh = heads(q, p.w_q, p.b_q, n_head), heads(k, p.w_k, p.b_k, n_kv), heads(v, p.w_v, p.b_v, n_kv)
-    delta = 4 * u * (qh @ kh.transpose(-2, -1)) / math.sqrt(hd)  # (B, H, Lq, Lk)
+    delta = 4 * u * (qh @ kh.transpose(-2, -1)) * (1 / math.sqrt(hd) if scale is None else abs(scale))  # (B, H, Lq, Lk)
     s = torch.log(weights)  # the scores up to a per-row shift; -inf where no weight (masked keys)
     kept = weights > 0
     delta = torch.where(kept, delta, torch.zeros_like(delta))
@@ -338,7 +340,7 @@ def head_mask(mask: torch.Tensor | None, i: int) -> torch.Tensor | None:
 def one_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int, i: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros",
+    fully_masked: str = "zeros", scale: float | None = None,
 ) -> torch.Tensor:
     """head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) alone: (B, Lq, Hd) in ``dtype``."""
     p = head_slices(params.to(dtype), n_head)[i]
@@ -347,20 +349,20 @@ def one_head(
     if m is not None and m.dtype != torch.bool:
         m = m.to(dtype)
     head, _ = attention(_linear(q, p.w_q, p.b_q), _linear(k, p.w_k, p.b_k), _linear(v, p.w_v, p.b_v), m,
-                        causal=causal, fully_masked=fully_masked)
+                        causal=causal, fully_masked=fully_masked, scale=scale)
     return head
 
 
 def per_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros",
+    fully_masked: str = "zeros", scale: float | None = None,
 ) -> torch.Tensor:
     """The paper's formulation: head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), then
     Concat(head_1..head_H) W_o. Same shapes and mask contract as :func:`multi_head`;
     returns the output (B, Lq, D) in ``dtype``.
     """
-    heads = [one_head(q, k, v, params, n_head, i, mask, dtype=dtype, causal=causal, fully_masked=fully_masked)
-             for i in range(n_head)]  # (B, Lq, Hd) each
+    heads = [one_head(q, k, v, params, n_head, i, mask, dtype=dtype, causal=causal, fully_masked=fully_masked,
+                      scale=scale) for i in range(n_head)]  # (B, Lq, Hd) each
     concat = torch.cat(heads, dim=-1)  # (B, Lq, D)
     return output_projection(concat, params.to(dtype))

@@ -56,7 +56,7 @@ def with_eager(info: Interface, eager: Bound) -> Interface:
     """The model's interface with the eager target's fully_masked and causal where nothing else states
     them (the eager layer is what the model was exported from)."""
     conv = eager.conventions
-    return adopt_conventions(info, eager_conventions(conv.fully_masked, conv.causal), "the eager target")
+    return adopt_conventions(info, eager_conventions(conv.fully_masked, conv.causal, conv.scale), "the eager target")
 
 
 def interface_result(info: Interface, label: str, *, frozen: str = "fail", problems: Sequence[str] = (),
@@ -87,7 +87,7 @@ def _bundle(result: CheckResult, target: OrtTarget, bundle_dir: str | os.PathLik
         feed = instance.feed(q, k, v, mask)
     except Exception:  # the failing call was one the model's interface refused: nothing to replay
         return result
-    expected, _ = multi_head(q, k, v, instance.params(), instance.n_head, mask)
+    expected, _ = multi_head(q, k, v, instance.params(), instance.n_head, mask, scale=instance.conventions.scale)
     try:
         actual: np.ndarray | None = instance.session.run([instance.info.output], feed)[0]
     except Exception:

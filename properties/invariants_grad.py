@@ -60,7 +60,7 @@ def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Te
     conv = bound.conventions
     mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.to(dtype)
     out = multi_head_graph(*_call(leaves), params, bound.n_head, mask, causal=conv.causal,
-                           fully_masked=conv.fully_masked, via_lse=via_lse)
+                           fully_masked=conv.fully_masked, scale=conv.scale, via_lse=via_lse)
     weights = [t for t in params if t is not None]
     return _grads(out, leaves + weights, g)
 
@@ -125,7 +125,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     hd, group = d // n_head, n_head // n_kv
     mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.double()
     _, weights = multi_head(ex.q, ex.k, ex.v, bound.params(), n_head, mask, causal=conv.causal,
-                            fully_masked=conv.fully_masked)  # P (B, H, Lq, Lk)
+                            fully_masked=conv.fully_masked, scale=conv.scale)  # P (B, H, Lq, Lk)
     weights = weights.nan_to_num(0.0)
 
     def heads(x: torch.Tensor, n: int) -> torch.Tensor:  # (B, L, n*Hd) -> (B, n, L, Hd)
@@ -141,7 +141,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     d_concat = g.abs() if p.w_o is None else g.abs() @ p.w_o  # (B, Lq, D)
     d_oh = heads(d_concat, n_head)
     d_s = weights * (d_oh @ vh.transpose(-2, -1) + (d_oh * oh).sum(-1, keepdim=True))  # (B, H, Lq, Lk)
-    scale = 1.0 / math.sqrt(hd)
+    scale = 1.0 / math.sqrt(hd) if conv.scale is None else conv.scale
     d_qh, d_kh, d_vh = scale * d_s @ kh, scale * d_s.transpose(-2, -1) @ qh, weights.transpose(-2, -1) @ d_oh
 
     def merge(t: torch.Tensor, n: int) -> torch.Tensor:  # (B, H, L, Hd) -> (B, L, n*Hd), summing a group

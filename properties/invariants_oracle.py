@@ -29,11 +29,12 @@ from mha_verify.properties.strategies import AttnExample, sizes
 def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """The target agrees with the float64 formula evaluated with the target's own weights.
 
-    out = Concat_h(softmax(Q_h K_h^T / sqrt(Hd) + M) V_h) W_o^T + b_o, with Q_h = (q W_q^T + b_q)_h
-    etc., in float64 (with the target's causality, grouped key/value heads and declared
-    fully-masked convention). Allowed error: multiple * |same-precision formula - float64| +
-    floor (mha.tolerance), beyond each element's first-order bound of rounding the scores in
-    the dtype (``mha.reference.rounding_bound``: near-tied scores, negligible elsewhere). Where
+    out = Concat_h(softmax(Q_h K_h^T s + M) V_h) W_o^T + b_o with Q_h = (q W_q^T + b_q)_h
+    etc. and s = 1/sqrt(Hd) or the declared scale, in float64 (with the target's causality,
+    grouped key/value heads and declared fully-masked convention). Allowed error:
+    multiple * |same-precision formula - float64| + floor (mha.tolerance), beyond each
+    element's first-order bound of rounding the scores in the dtype
+    (``mha.reference.rounding_bound``: near-tied scores, negligible elsewhere). Where
     the target returns weights, they are held to the same rule.
     """
     ref, ref_w, same = oracle(bound, ex)
@@ -42,7 +43,7 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
         raise Violation(f"output shape {tuple(out.shape)}, but should be {tuple(ref.shape)}")
     conv = bound.conventions
     moved, moved_w = rounding_bound(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                    causal=conv.causal, fully_masked=conv.fully_masked, weights=ref_w)
+                                    causal=conv.causal, fully_masked=conv.fully_masked, scale=conv.scale, weights=ref_w)
     measure = ensure(compare(out, ref, same, ex.q.dtype, moved), "output vs float64 oracle")
     got = weights_if_any(bound, ex.q, ex.k, ex.v, ex.mask)
     if got is not None:
@@ -50,7 +51,7 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
         if weights.shape != ref_w.shape:
             raise Violation(f"weights shape {tuple(weights.shape)}, but should be (B, H, Lq, Lk)={tuple(ref_w.shape)}")
         same_w = same_precision(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                oracle=ref, causal=conv.causal, fully_masked=conv.fully_masked)[1]
+                                oracle=ref, causal=conv.causal, fully_masked=conv.fully_masked, scale=conv.scale)[1]
         ensure(compare(weights, ref_w, same_w, ex.q.dtype, moved_w), "attention weights vs float64 oracle")
     return measure
 
@@ -89,7 +90,7 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
     isolated = bound.fresh()  # one copy; its w_o is restricted to one head at a time
     # every head then the restricted W_o, as the target computes it: the heads do not depend on W_o
     concat_same, _ = concat_heads(ex.q, ex.k, ex.v, isolated.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                  causal=conv.causal, fully_masked=conv.fully_masked)
+                                  causal=conv.causal, fully_masked=conv.fully_masked, scale=conv.scale)
     w_o = isolated.params().w_o
     original = None if w_o is None else w_o.detach().clone()
     for i in _heads_to_check(bound.n_head, ex.seed):
@@ -104,9 +105,9 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
                 raise NotApplicable("the adapter's w_o is a copy of the layer's weight: head isolation cannot edit it")
         p = isolated.params()
         head = one_head(ex.q, ex.k, ex.v, p, bound.n_head, i, ex.mask, causal=conv.causal,
-                        fully_masked=conv.fully_masked)  # (B, Lq, Hd) float64
+                        fully_masked=conv.fully_masked, scale=conv.scale)  # (B, Lq, Hd) float64
         same = one_head(ex.q, ex.k, ex.v, p, bound.n_head, i, ex.mask, dtype=ex.q.dtype, causal=conv.causal,
-                        fully_masked=conv.fully_masked)
+                        fully_masked=conv.fully_masked, scale=conv.scale)
         expected = _project(head, p, cols)
         # calibrated by the larger same-precision error of the two ways a layer computes this:
         # head i alone, or every head then the restricted W_o (as the target does)
@@ -144,7 +145,8 @@ def _best_match(out: torch.Tensor, ex: AttnExample, p: MHAParams, n_head: int, i
     candidates = sorted({i, n_head - 1 - i, max(i - 1, 0), min(i + 1, n_head - 1), 0, n_head - 1})
     errors = {}
     for j in candidates:
-        head = one_head(ex.q, ex.k, ex.v, p, n_head, j, ex.mask, causal=conv.causal, fully_masked=conv.fully_masked)
+        head = one_head(ex.q, ex.k, ex.v, p, n_head, j, ex.mask, causal=conv.causal, fully_masked=conv.fully_masked,
+                        scale=conv.scale)
         errors[j] = float((out.detach().double() - _project(head, p, cols)).abs().max())
     j = min(errors, key=lambda n: errors[n])
     return f"; it matches head {j} computed alone best (error {errors[j]:.3g})" if j != i else ""

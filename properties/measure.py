@@ -70,9 +70,10 @@ def oracle(bound: Instance, ex: AttnExample, q: torch.Tensor | None = None, k: t
     m = ex.mask if isinstance(mask, str) else mask
     params = bound.params()
     conv = bound.conventions
-    ref, ref_w = multi_head(q, k, v, params, bound.n_head, m, causal=conv.causal, fully_masked=conv.fully_masked)
+    ref, ref_w = multi_head(q, k, v, params, bound.n_head, m, causal=conv.causal, fully_masked=conv.fully_masked,
+                            scale=conv.scale)
     same, _ = same_precision(q, k, v, params, bound.n_head, m, dtype=q.dtype, oracle=ref, causal=conv.causal,
-                             fully_masked=conv.fully_masked)
+                             fully_masked=conv.fully_masked, scale=conv.scale)
     return ref, ref_w, same
 
 

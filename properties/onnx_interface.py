@@ -99,7 +99,7 @@ class Interface:
     n_head_source: str
     consumed: frozenset[str] = field(default_factory=frozenset)
     reading: Reading = field(default_factory=lambda: Reading("batch-first", "default"))
-    #: fully_masked / causal: (value, source), where declared or stated by the file
+    #: fully_masked / causal / scale: (value, source), where declared or stated by the file
     conventions: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: the fused attention operators found, with their attributes
     operators: tuple[str, ...] = ()
@@ -192,18 +192,19 @@ class Interface:
 
 
 def adopt_conventions(info: Interface, conventions: dict[str, str], source: str) -> Interface:
-    """``info`` with the ``fully_masked`` / ``causal`` of ``conventions`` (the eager target's) where
+    """``info`` with the ``fully_masked`` / ``causal`` / ``scale`` of ``conventions`` (the eager target's) where
     the file and the declarations state none: one declaration serves both sides."""
     adopted = dict(info.conventions)
-    for key in ("fully_masked", "causal"):
+    for key in ("fully_masked", "causal", "scale"):
         if key not in adopted and key in conventions:
             adopted[key] = (conventions[key], source)
     return dataclasses.replace(info, conventions=adopted)
 
 
-def eager_conventions(fully_masked: str, causal: bool) -> dict[str, str]:
+def eager_conventions(fully_masked: str, causal: bool, scale: float | None = None) -> dict[str, str]:
     """An eager target's conventions in :func:`adopt_conventions`' vocabulary."""
-    return {"fully_masked": fully_masked, "causal": "true" if causal else "false"}
+    out = {"fully_masked": fully_masked, "causal": "true" if causal else "false"}
+    return out if scale is None else {**out, "scale": repr(float(scale))}
 
 
 def parse_input_map(text: str | None) -> dict[str, str]:
@@ -382,17 +383,13 @@ def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | No
     if d_model is not None and n_head is not None and d_model % n_head:
         raise ModelError(f"d_model={d_model} is not divisible by n_head={n_head} ({source})")
     from_ops, numbers, operators = op_conventions(model)
-    conventions_ = {k: v for k, v in (declared or {}).items() if k in ("fully_masked", "causal")}
+    if "scale" in numbers:
+        from_ops["scale"] = repr(numbers["scale"])
+    conventions_ = {k: v for k, v in (declared or {}).items() if k in ("fully_masked", "causal", "scale")}
     try:
         conventions = read_conventions(metadata, from_ops, conventions_)
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    if "scale" in numbers and d_model is not None and n_head is not None:
-        default = (d_model // n_head) ** -0.5
-        if abs(numbers["scale"] - default) > 1e-6 * default:
-            raise ModelError(f"{path.name}'s attention operator sets scale={numbers['scale']:.6g}, not 1/sqrt(Hd)="
-                             f"{default:.6g}: the oracle takes no other softmax scale yet, so this model cannot be "
-                             "judged")
     if "kv_num_heads" in numbers and n_head is not None and int(numbers["kv_num_heads"]) != n_head:
         raise ModelError(f"{path.name}'s attention operator has kv_num_heads={int(numbers['kv_num_heads'])} of "
                          f"n_head={n_head}: grouped-query ONNX models are not validated yet")

@@ -14,6 +14,7 @@ Values read from the file are checked against fixed vocabularies; nothing read b
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,10 @@ MASK_AXES = ("B", "H", "Lq", "Lk", "B*H")
 BOOL_KINDS = ("keep", "drop")  # True = may attend (ONNX Attention, SDPA) / True = masked out (torch MHA)
 FLOAT_KINDS = ("additive", "additive_min")  # -inf removes (ONNX, SDPA) / finfo.min removes (HF)
 DECLARABLE = ("layout", "mask_axes", "mask_kind")
-#: conventions ``validate --conventions`` declares (the file's metadata may state them too)
-CONVENTIONS = {"fully_masked": ("zeros", "uniform", "nan"), "causal": ("true", "false")}
+#: conventions ``validate --conventions`` declares (the file's metadata may state them too);
+#: ``scale`` takes a positive number, the others one of their values
+CONVENTIONS: dict[str, tuple[str, ...]] = {"fully_masked": ("zeros", "uniform", "nan"), "causal": ("true", "false"),
+                                           "scale": ()}
 
 Dim = int | str | None
 
@@ -192,8 +195,21 @@ def parse_conventions(text: str | None) -> dict[str, str]:
         key, sep, value = (s.strip() for s in part.partition("="))
         if not sep or key not in CONVENTIONS:
             raise ValueError(f"--conventions takes KEY=VALUE pairs with KEY in {', '.join(CONVENTIONS)}, got {part!r}")
-        out[key] = _checked(value, CONVENTIONS[key], f"--conventions {key}")
+        out[key] = _convention(key, value, f"--conventions {key}")
     return out
+
+
+def _convention(key: str, value: str, where: str) -> str:
+    """A convention's value checked: one of its values, or for ``scale`` a positive finite number."""
+    if key != "scale":
+        return _checked(value, CONVENTIONS[key], where)
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"{where} must be a positive number, got {value!r}")
+    return repr(number)
 
 
 def read_conventions(metadata: Mapping[str, str], from_ops: Mapping[str, str],
@@ -201,10 +217,10 @@ def read_conventions(metadata: Mapping[str, str], from_ops: Mapping[str, str],
     """{key: (value, source)} of :data:`CONVENTIONS`: declared, else the metadata, else what the
     model's attention operators state; a key none of them states is absent (the contract)."""
     out: dict[str, tuple[str, str]] = {}
-    for key, allowed in CONVENTIONS.items():
+    for key in CONVENTIONS:
         for source, values in (("declared", declared), ("metadata", metadata), ("the attention operator", from_ops)):
             if key in values:
-                out[key] = (_checked(values[key], allowed, f"{key} ({source})"), source)
+                out[key] = (_convention(key, values[key], f"{key} ({source})"), source)
                 break
     return out
 

@@ -110,6 +110,7 @@ class OrtInstance:
             cross_attention=not info.self_attention, weights=False,
             fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
             causal=info.conventions.get("causal", ("false", ""))[0] == "true",
+            scale=float(info.conventions["scale"][0]) if "scale" in info.conventions else None,
             grads=False, dropout=False, torch_modes=False,
             sizes=(self.d_model, self.n_head), dtype=info.dtype, axes=info.fixed_axes,
             notes=(f"onnxruntime session on {info.path.name}",),

@@ -21,6 +21,7 @@ This module depends on nothing of the harness: only on torch and the mask vocabu
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -68,6 +69,8 @@ class Conventions:
         float32, say), declared; None: the output has the dtype of q (the contract).
     axes: (B, Lq, Lk) sizes the target is fixed to (an exported model with static axes), None
         for each axis it takes at any size; examples are drawn at the fixed sizes.
+    scale: the softmax scale the target multiplies scores by, declared or read (an ONNX
+        ``Attention``'s ``scale``); None: 1 / sqrt(Hd), the contract. The oracle applies it.
     notes: the conventions in words, printed in the report.
     """
 
@@ -85,6 +88,7 @@ class Conventions:
     torch_modes: bool = True
     output_dtype: torch.dtype | None = None
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
+    scale: float | None = None
     notes: tuple[str, ...] = field(default=())
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
@@ -92,7 +96,7 @@ class Conventions:
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
         negation), weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
-        ("float16", "bfloat16", "float32", "float64").
+        ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None).
         """
         changes: dict[str, object] = {}
         for key, value in declaration.items():
@@ -122,6 +126,8 @@ class Conventions:
             parts.append(str(self.dtype).replace("torch.", ""))
         if self.output_dtype is not None:
             parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
+        if self.scale is not None:
+            parts.append(f"softmax scale {self.scale:.6g}")
         fixed = [f"{n}={a}" for n, a in zip(("B", "Lq", "Lk"), self.axes, strict=True) if a is not None]
         if fixed:
             parts.append(f"fixed {', '.join(fixed)}")
@@ -174,6 +180,14 @@ def _output_dtype(value: object) -> torch.dtype | None:
     return _OUTPUT_DTYPES[value]
 
 
+def _scale(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError("expected a positive finite number or None")
+    return float(value)
+
+
 _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "mask": ("mask", _subset(("bool", "float"))),
     "mask_forms": ("mask_forms", _subset(MASK_FORMS)),
@@ -186,6 +200,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "dropout": ("dropout", _flag),
     "kv_heads": ("kv_heads", _positive_or_none),
     "output_dtype": ("output_dtype", _output_dtype),
+    "scale": ("scale", _scale),
 }
 
 
