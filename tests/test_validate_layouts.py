@@ -11,7 +11,6 @@ import warnings
 from pathlib import Path
 
 import onnx
-import pytest
 import torch
 from onnx import TensorProto
 from onnx import helper as oh
