@@ -82,7 +82,11 @@ def test_the_mask_kind_is_read_or_declared_and_checked_against_the_type() -> Non
 
 def test_conventions_take_checked_keys() -> None:
     assert parse_conventions("fully_masked=uniform, causal=true") == {"fully_masked": "uniform", "causal": "true"}
-    with pytest.raises(ValueError, match="KEY in fully_masked, causal"):
-        parse_conventions("scale=2")
+    assert parse_conventions("scale=1") == {"scale": "1.0"}
+    with pytest.raises(ValueError, match="KEY in fully_masked, causal, scale"):
+        parse_conventions("window=2")
+    for bad in ("scale=0", "scale=-1", "scale=nan", "scale=x"):
+        with pytest.raises(ValueError, match="--conventions scale must be a positive number"):
+            parse_conventions(bad)
     with pytest.raises(ValueError, match="fully_masked must be one of zeros, uniform, nan"):
         parse_conventions("fully_masked=inf")
