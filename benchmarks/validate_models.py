@@ -258,7 +258,7 @@ def build_hf(out: Path) -> dict[str, float]:
 
 
 def _reading(text: str) -> str:
-    keep = ("  layout", "  mask axes", "  fully_masked", "  causal", "  operator")
+    keep = ("  layout", "  mask axes", "  fully_masked", "  causal", "  scale", "  operator")
     return "; ".join(line.strip() for line in text.splitlines() if line.startswith(keep))
 
 
