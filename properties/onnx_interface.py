@@ -5,9 +5,11 @@ An attention model is found as either
 * three float inputs of rank 3, the roles ``q`` (B, Lq, D), ``k`` (B, Lk, D), ``v`` (B, Lk, D), or
 * one float input of rank 3, the role ``x`` (B, L, D) (self-attention: q = k = v = x),
 
-plus, optionally, one mask input: bool (a keep-mask, True = may attend) or float (additive,
-0 keeps, -inf removes), of rank 2 (Lq, Lk), 3 (B, Lq, Lk) or 4 (B, H, Lq, Lk), whose axes
-may be fixed to 1 (the model broadcasts them) or to H. Roles are found by name (``q``,
+plus, optionally, one mask input: bool or int 0/1, or float, of rank 2, 3 or 4, whose axes
+may be fixed to 1 (the model broadcasts them) or to H. The layout (q as (B, L, D) or
+(L, B, D)), the mask's axes ((B, Lk), (Lq, Lk), (B*H, Lq, Lk) ...) and its kind (keep, drop,
+additive, additive_min) are read from the file or declared (:mod:`properties.onnx_reading`);
+q, k and v above are in our batch-first order. Roles are found by name (``q``,
 ``query``, ``attn_mask`` ...), else by position; ``--inputs q=query,k=key,v=value,mask=m``
 maps them by hand (:func:`parse_input_map`).
 
