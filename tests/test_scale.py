@@ -19,7 +19,7 @@ from mha_verify.properties.suite import all_properties
 from mha_verify.properties.targets import load_target
 from mha_verify.validation import validate_model
 
-FIXTURE = "tests/fixtures/unscaled.py:"
+FIXTURE = "tests/fixtures/sdpa_layers.py:"
 QUICK = profiles.PROFILES["quick"]
 
 

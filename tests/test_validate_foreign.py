@@ -30,35 +30,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import settings
 from torch import nn
 
 from mha_verify.cli import main
 from mha_verify.properties.onnx_interface import read_interface
 from mha_verify.validation import validate_model
+from tests.fixtures.sdpa_layers import SdpaAttention
 
 pytestmark = [pytest.mark.slow, pytest.mark.deep]  # exports foreign layers with both exporters (tox -e deep)
 D, H = 16, 4
 QUICK = settings(max_examples=20, derandomize=True, deadline=None, database=None)
-
-
-class SdpaAttention(nn.Module):
-    """A user's layer: ``forward(query, key, value, attn_mask=None)``, bool keep-mask, SDPA."""
-
-    def __init__(self, d_model: int, n_head: int) -> None:
-        super().__init__()
-        self.h = n_head
-        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model) for _ in range(4))
-
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attn_mask: torch.Tensor | None = None) -> torch.Tensor:
-        # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd)
-        qh = self.q_proj(query).unflatten(-1, (self.h, -1)).transpose(1, 2)
-        kh = self.k_proj(key).unflatten(-1, (self.h, -1)).transpose(1, 2)
-        vh = self.v_proj(value).unflatten(-1, (self.h, -1)).transpose(1, 2)
-        heads = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attn_mask)  # (B, H, Lq, Hd)
-        return self.out_proj(heads.transpose(1, 2).flatten(-2))  # (B, Lq, D)
 
 
 class SdpaSelfAttention(SdpaAttention):
