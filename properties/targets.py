@@ -1,8 +1,9 @@
 """Targets: load the attention module to verify from a SPEC and bind it to an adapter.
 
 SPEC is ``package.module:Attr`` or ``path/to/file.py:Attr``. Attr is an nn.Module class,
-built as ``Attr(d_model, n_head)`` (or ``Attr(config)`` when its first argument is named
-``config``: see :func:`config_for`), or a factory ``(d_model, n_head) -> nn.Module``.
+built from its constructor's parameter names (``properties.construction``: sizes, a layer
+index, its library's own config) or as ``Attr(d_model, n_head)``, or a factory
+``(d_model, n_head) -> nn.Module``.
 The default SPEC is the reference, ``mha_verify.mha:MultiHeadAttention``.
 """
 
@@ -16,16 +17,16 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
+from mha_verify.properties import construction
 from mha_verify.properties.adapter_registry import find_adapter
 from mha_verify.properties.adapters import Adapter
 from mha_verify.properties.loading import load_attr
-from mha_verify.properties.protocol import Conventions, TargetError
+from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
 DEFAULT_SPEC = "mha_verify.mha:MultiHeadAttention"
 
@@ -120,6 +121,8 @@ class Target:
     _copyable: bool = field(default=True, repr=False, compare=False)
     #: the adapter found for each class the factory built: looked up once, not per example
     _adapters: dict[type, Adapter] = field(default_factory=dict, repr=False, compare=False)
+    #: how a class was built, in words (``construction.Construction.describe``); "" for a factory
+    built_as: str = ""
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -179,57 +182,47 @@ class Target:
         return Bound(module, adapter, d_model, n_head, lambda: self.build(d_model, n_head, seed=seed, dtype=dtype))
 
 
-CONFIG_NAMES = ("config", "cfg", "args")
-
-
-def config_for(d_model: int, n_head: int) -> SimpleNamespace:
-    """A config object for layers built from one (nanoGPT's ``CausalSelfAttention(config)``, HF's
-    ``LlamaAttention(config, layer_idx)``), with the field names those libraries use.
-
-    Key/value heads: half the query heads where H is even (grouped-query attention gets
-    exercised), else H. Dropout 0; biases on; block size 1024 (nanoGPT's default).
-    """
-    kv = n_head // 2 if n_head % 2 == 0 else n_head
-    return SimpleNamespace(
-        n_embd=d_model, hidden_size=d_model, d_model=d_model, dim=d_model, embed_dim=d_model,
-        n_head=n_head, num_attention_heads=n_head, num_heads=n_head, n_heads=n_head,
-        num_key_value_heads=kv, n_kv_heads=kv, num_kv_heads=kv, head_dim=d_model // n_head,
-        bias=True, attention_bias=True, qkv_bias=True, dropout=0.0, attention_dropout=0.0, attn_pdrop=0.0,
-        block_size=1024, max_position_embeddings=1024, is_decoder=False, _attn_implementation="sdpa",
-    )
-
-
-def _takes_config(cls: type) -> bool:
-    """True if ``cls.__init__``'s first parameter is named config/cfg/args and others are optional."""
+def smoke_call(bound: Bound, spec: str) -> None:
+    """One forward of ``bound`` on a small self-attention example (q = k = v, (2, 3, D), no mask)
+    before any property runs: a layer that cannot be called at all is one usage error naming the
+    exception, not a FAIL of every property (each costing a search to say the same)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, bound.d_model, generator=generator).to(next(
+        (p.dtype for p in bound.module.parameters() if p.is_floating_point()), torch.float32))
     try:
-        params = list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    if not params or params[0].name not in CONFIG_NAMES:
-        return False
-    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params[1:])
+        with torch.no_grad():
+            bound(x, x, x)
+    except NotApplicable:
+        return  # the adapter refuses this call (it is not an error of the layer's)
+    except (Exception, SystemExit) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise TargetError(f"{spec}: one forward at (d_model={bound.d_model}, n_head={bound.n_head}) on q = k = v "
+                          f"of shape (2, 3, {bound.d_model}), no mask, raised {type(exc).__name__}: {first}; "
+                          "nothing can be checked") from None
 
 
 def load_target(spec: str | None = None, *, adapter: str | None = None) -> Target:
-    """Resolve SPEC (default: the reference) and check that it builds at a small size."""
+    """Resolve SPEC (default: the reference), check that it builds at a small size and that one
+    forward runs there (:func:`smoke_call`)."""
     spec = spec or DEFAULT_SPEC
     obj = load_attr(spec)
+    built_as = ""
     if inspect.isclass(obj):
         if not issubclass(obj, nn.Module):
             raise TargetError(f"{spec} is a class but not a torch.nn.Module subclass")
-        factory: Callable[[int, int], nn.Module] = obj
-        if _takes_config(obj):
-            cls = obj
-            factory = lambda d_model, n_head: cls(config_for(d_model, n_head))  # noqa: E731
+        plan, factory = construction.choose(obj, *PROBE_SIZES)
+        built_as = plan.describe(*PROBE_SIZES)
     elif callable(obj):
         factory = obj
     else:
         raise TargetError(f"{spec} is a {type(obj).__name__}, not an nn.Module class or a factory")
-    target = Target(spec, factory, adapter)
+    target = Target(spec, factory, adapter, built_as=built_as)
     try:  # fail now, as a usage error, rather than inside every property
-        target.build(*PROBE_SIZES).conventions  # noqa: B018 -- a declaration with an unknown key raises here
+        bound = target.build(*PROBE_SIZES)
+        bound.conventions  # noqa: B018 -- a declaration with an unknown key raises here
     except ValueError as exc:
         raise TargetError(str(exc)) from None
+    smoke_call(bound, spec)
     return target
 
 

@@ -35,6 +35,9 @@ USAGE_ERRORS = {
     "unknown-adapter": (["--adapter", "nope"], "unknown adapter 'nope'"),
     "target-exits-at-import": (["--target", "tests/fixtures/exits_at_import.py:X"], "SystemExit: 0"),
     "target-exits-in-init": (["--target", "tests/fixtures/bad_targets.py:ExitsInInit"], "SystemExit: 0"),
+    # one forward at load: an unusable layer is one line, not a FAIL of every property
+    "target-forward-always-raises": (["--target", "tests/fixtures/bad_targets.py:AlwaysRaises"],
+                                     "no mask, raised RuntimeError: no kernel for this device; nothing can be checked"),
 }
 
 

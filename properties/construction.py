@@ -1,0 +1,233 @@
+"""How a layer class is built at (d_model, n_head) with no user code.
+
+Its constructor's parameters are matched by *name* against :data:`PARAMETER_ROLES` (sizes, a
+layer index) and ``config``; the tables are data, so that a library's spelling is a row:
+
+* every required parameter named: keywords, e.g. ``Attention(query_dim=D, heads=H,
+  dim_head=D/H)`` (diffusers), ``BartAttention(embed_dim=D, num_heads=H, config=BartConfig)``,
+  ``LlamaAttention(config=LlamaConfig, layer_idx=0)``;
+* otherwise positionally, ``Attr(d_model, n_head)``, the documented default.
+
+A parameter named ``config`` (``cfg``, ``args``) gets the layer's library's own config class:
+its annotation (``LlamaConfig``, ``CLIPVisionConfig | CLIPTextConfig``: the first that builds),
+else a config class the layer's module holds, the one sharing the longest prefix with the
+layer's name first. The config is built with its defaults and the sizes set afterwards, on the
+fields it has (:data:`CONFIG_ROLES`): a default config passes the library's validation, and HF
+5.x validates at construction, where half-set sizes are refused. A layer whose library has no
+config class gets :func:`config_for`'s namespace of every field name the libraries use.
+
+Reading a signature or an annotation runs nothing of the layer's: annotations are looked up
+by name in the layer's module, never evaluated.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from torch import nn
+
+#: a constructor parameter's name -> the size it is given
+PARAMETER_ROLES: dict[str, str] = {
+    **dict.fromkeys(("d_model", "embed_dim", "hidden_size", "dim", "query_dim", "n_embd", "embed_size",
+                     "model_dim", "hidden_dim", "n_state"), "d_model"),
+    **dict.fromkeys(("n_head", "num_heads", "heads", "n_heads", "num_attention_heads", "nhead",
+                     "attention_heads"), "n_head"),
+    **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size"), "head_dim"),
+    **dict.fromkeys(("layer_idx", "layer_id", "layer_number", "block_idx"), "layer_idx"),
+}
+CONFIG_NAMES = ("config", "cfg", "args")
+#: a config field -> the size it is set to, where the library's config has the field
+CONFIG_ROLES: dict[str, str] = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "embed_dim", "dim"), "d_model"),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
+                     "decoder_attention_heads"), "n_head"),
+    **dict.fromkeys(("d_kv", "kv_channels", "attention_head_size"), "head_dim"),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), "kv_heads"),
+}
+#: set on every library config whether it has the field or not (layers read it with a fallback)
+CONFIG_ALWAYS = ("head_dim",)
+#: the attention implementation a transformers layer is built with (the one HF picks by default)
+ATTN_IMPLEMENTATION = "sdpa"
+#: names of the base classes of library configs (transformers 4.x and 5.x, diffusers)
+_CONFIG_BASES = ("PretrainedConfig", "PreTrainedConfig")
+
+
+def sizes_of(d_model: int, n_head: int) -> dict[str, int]:
+    """The value of each role at (d_model, n_head). Key/value heads: half the query heads where
+    H is even (grouped-query attention gets exercised), else H."""
+    return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
+            "kv_heads": n_head // 2 if n_head % 2 == 0 else n_head}
+
+
+def config_for(d_model: int, n_head: int) -> SimpleNamespace:
+    """A config namespace for layers of a library with no config class (nanoGPT's
+    ``CausalSelfAttention(config)``), with the field names the libraries use.
+
+    Dropout 0; biases on; block size 1024 (nanoGPT's default).
+    """
+    size = sizes_of(d_model, n_head)
+    kv, hd = size["kv_heads"], size["head_dim"]
+    return SimpleNamespace(
+        n_embd=d_model, hidden_size=d_model, d_model=d_model, dim=d_model, embed_dim=d_model,
+        n_head=n_head, num_attention_heads=n_head, num_heads=n_head, n_heads=n_head,
+        num_key_value_heads=kv, n_kv_heads=kv, num_kv_heads=kv, head_dim=hd,
+        bias=True, attention_bias=True, qkv_bias=True, dropout=0.0, attention_dropout=0.0, attn_pdrop=0.0,
+        block_size=1024, max_position_embeddings=1024, is_decoder=False, _attn_implementation="sdpa",
+    )
+
+
+def _is_config_class(obj: object) -> bool:
+    return inspect.isclass(obj) and any(base.__name__ in _CONFIG_BASES for base in obj.__mro__[1:])
+
+
+def _named_classes(annotation: object, namespace: dict[str, object]) -> list[object]:
+    """The classes an annotation names: a class, a union of them, or their names as a string
+    (``from __future__ import annotations``), each looked up in ``namespace``, never evaluated."""
+    if isinstance(annotation, str):
+        for wrapper in ("Optional[", "Union[", "]"):
+            annotation = annotation.replace(wrapper, "")
+        names = [part.strip().rpartition(".")[2] for part in annotation.replace(",", "|").split("|")]
+        return [namespace.get(name) for name in names if name]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return list(typing.get_args(annotation))
+    return [annotation]
+
+
+def _prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def library_configs(cls: type, annotation: object) -> list[type]:
+    """The library's config classes for ``cls``'s config parameter, most likely first."""
+    namespace = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
+    named = [c for c in _named_classes(annotation, namespace) if isinstance(c, type) and _is_config_class(c)]
+    if named:
+        return named
+    held = [c for c in namespace.values() if isinstance(c, type) and _is_config_class(c)]
+    # single configs before composite ones (CLIPConfig holds text_config and vision_config)
+    return sorted(held, key=lambda c: (bool(getattr(c, "sub_configs", None)), -_prefix(c.__name__, cls.__name__),
+                                       c.__name__))
+
+
+def library_config(config_cls: type, d_model: int, n_head: int) -> object:
+    """``config_cls()`` with the sizes set on the fields it has (and ``head_dim``), attention
+    implementation :data:`ATTN_IMPLEMENTATION`."""
+    config = config_cls()
+    size = sizes_of(d_model, n_head)
+    for field, role in CONFIG_ROLES.items():
+        if hasattr(config, field):
+            setattr(config, field, size[role])
+    for field in CONFIG_ALWAYS:
+        setattr(config, field, size[field])
+    if hasattr(config, "_attn_implementation"):
+        config._attn_implementation = ATTN_IMPLEMENTATION
+    return config
+
+
+@dataclass(frozen=True)
+class Construction:
+    """How to build one class: keyword arguments by role, a config, or ``Attr(d_model, n_head)``.
+
+    roles: (parameter, role) pairs passed by keyword; empty with ``positional``.
+    config: (parameter, config class or None for :func:`config_for`'s namespace), or None.
+    """
+
+    cls: type
+    roles: tuple[tuple[str, str], ...] = ()
+    config: tuple[str, type | None] | None = None
+    positional: bool = False
+
+    def build(self, d_model: int, n_head: int) -> nn.Module:
+        if self.positional:
+            return self.cls(d_model, n_head)
+        size = sizes_of(d_model, n_head)
+        kwargs: dict[str, object] = {name: size[role] for name, role in self.roles}
+        if self.config is not None:
+            name, config_cls = self.config
+            kwargs[name] = config_for(d_model, n_head) if config_cls is None \
+                else library_config(config_cls, d_model, n_head)
+        return self.cls(**kwargs)
+
+    def describe(self, d_model: int, n_head: int) -> str:
+        """The call, in words: ``LlamaAttention(config=LlamaConfig(...sizes...), layer_idx=0)``."""
+        if self.positional:
+            return f"{self.cls.__name__}({d_model}, {n_head})"
+        size = sizes_of(d_model, n_head)
+        args = [f"{name}={size[role]}" for name, role in self.roles]
+        if self.config is not None:
+            name, config_cls = self.config
+            if config_cls is None:
+                args.append(f"{name}=<namespace of size fields>")
+            else:
+                config = library_config(config_cls, d_model, n_head)
+                fields = [f"{f}={size[r]}" for f, r in CONFIG_ROLES.items() if hasattr(config, f)]
+                fields += [f"{f}={size[f]}" for f in CONFIG_ALWAYS]
+                impl = getattr(config, "_attn_implementation", None)
+                args.append(f"{name}={config_cls.__name__}({', '.join(fields)}"
+                            + (f"; attention {impl}" if impl else "") + ")")
+        return f"{self.cls.__name__}({', '.join(args)})"
+
+
+def plans(cls: type) -> list[Construction]:
+    """The ways to build ``cls``, to be tried in order (one per candidate config class)."""
+    try:
+        params = [p for p in inspect.signature(cls).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return [Construction(cls, positional=True)]
+    roles: list[tuple[str, str]] = []
+    config: inspect.Parameter | None = None
+    unknown: list[str] = []
+    for p in params:
+        if p.name in PARAMETER_ROLES:
+            roles.append((p.name, PARAMETER_ROLES[p.name]))
+        elif p.name in CONFIG_NAMES and config is None:
+            config = p
+        elif p.default is p.empty:
+            unknown.append(p.name)
+    if unknown or (not roles and config is None):
+        return [Construction(cls, positional=True)]
+    if config is None:
+        return [Construction(cls, tuple(roles))]
+    candidates: list[type | None] = list(library_configs(cls, config.annotation))
+    if not candidates:
+        # a layer built from a config of no library we know: a namespace where the config is
+        # required, the layer's own default where it is optional
+        return [Construction(cls, tuple(roles), (config.name, None) if config.default is config.empty else None)]
+    return [Construction(cls, tuple(roles), (config.name, c)) for c in candidates]
+
+
+def choose(cls: type, d_model: int, n_head: int) -> tuple[Construction, Callable[[int, int], nn.Module]]:
+    """The first plan of :func:`plans` that builds ``cls`` at (d_model, n_head), and its factory;
+    the last plan when none does (its error is then the one reported)."""
+    options = plans(cls)
+    for plan in options[:-1]:
+        try:
+            plan.build(d_model, n_head)
+        except Exception:
+            continue
+        return plan, plan.build
+    return options[-1], options[-1].build
+
+
+__all__ = [
+    "CONFIG_NAMES",
+    "CONFIG_ROLES",
+    "PARAMETER_ROLES",
+    "Construction",
+    "choose",
+    "config_for",
+    "library_config",
+    "library_configs",
+    "plans",
+    "sizes_of",
+]

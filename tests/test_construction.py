@@ -1,0 +1,64 @@
+"""Building a layer with no user code (``properties.construction``): parameters by name, the
+library's own config class with the sizes set after its validation, and one forward at load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mha_verify.properties import construction
+from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.protocol import TargetError
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.suite import all_properties
+from mha_verify.properties.targets import load_target
+from tests.fixtures import constructors
+
+FIXTURE = "tests/fixtures/constructors.py:"
+
+
+def test_a_config_and_a_required_layer_index_get_the_librarys_config_with_the_sizes_set_after_validation() -> None:
+    target = load_target(FIXTURE + "ToyAttention")
+    assert target.built_as == ("ToyAttention(layer_idx=0, config=ToyConfig(hidden_size=8, num_attention_heads=2, "
+                               "num_key_value_heads=1, head_dim=4))")
+    bound = target.build(12, 3)
+    assert (bound.module.d_model, bound.module.n_head, bound.module.kv_heads) == (12, 3, 3)
+
+
+@pytest.mark.parametrize("layer", ["ToyStringAnnotated", "ToyUnionAnnotated"])
+def test_of_the_configs_an_annotation_names_the_first_that_builds_is_used(layer: str) -> None:
+    target = load_target(FIXTURE + layer)
+    assert f"{layer}(config=ToyVisionConfig(" in target.built_as
+    assert target.build(16, 4).module.d_model == 16
+
+
+def test_sizes_go_by_name_with_the_head_width_a_layer_asks_for() -> None:
+    target = load_target(FIXTURE + "KeywordAttention")
+    assert target.built_as == "KeywordAttention(query_dim=8, heads=2, dim_head=4)"
+    assert target.build(12, 3).module.n_head == 3
+
+
+def test_an_optional_config_that_forward_needs_is_given() -> None:
+    # BartAttention(d, h) builds with config=None and then raises on every forward
+    target = load_target(FIXTURE + "SizesAndConfig")
+    assert target.built_as.startswith("SizesAndConfig(embed_dim=8, num_heads=2, config=ToyConfig(")
+    x = torch.randn(2, 5, 8)
+    assert target.build(8, 2)(x, x, x).shape == (2, 5, 8)
+
+
+def test_unnamed_parameters_are_passed_as_d_model_then_n_head() -> None:
+    plan = construction.plans(constructors.Unnamed)
+    assert [p.positional for p in plan] == [True]
+    assert load_target(FIXTURE + "Unnamed").built_as == "Unnamed(8, 2)"
+
+
+def test_a_layer_whose_forward_always_raises_is_one_usage_error_naming_the_exception() -> None:
+    with pytest.raises(TargetError, match=r"one forward at \(d_model=8, n_head=2\) on q = k = v of shape \(2, 3, 8\), "
+                                          r"no mask, raised RuntimeError: no kernel for this device"):
+        load_target("tests/fixtures/bad_targets.py:AlwaysRaises")
+
+
+def test_a_layer_built_from_its_library_config_is_verified() -> None:
+    result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + "ToyAttention"),
+                          settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples > 0, result
