@@ -19,7 +19,7 @@ from mha_verify.arg_types import finite_positive, positive_int, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 
-SUBCOMMANDS = ("check", "export", "validate", "list")
+SUBCOMMANDS = ("check", "export", "validate", "sweep", "list")
 
 
 class UsageError(Exception):
@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mha_verify import export_cmds
 
     export_cmds.add_parsers(sub)
+    from mha_verify import sweep_cmd
+
+    sweep_cmd.add_parser(sub)
     return parser
 
 

@@ -6,10 +6,11 @@ Roles are found by name, never by counting positional parameters:
 * the input: ``x``, ``hidden_states``, ``input``, ``inputs``, ``query``, ``q`` (the first
   parameter if none of these: a layer's first argument is its input);
 * keys and values: ``key``/``value`` or ``k``/``v`` (cross-attention, q/k/v layers), or one
-  ``context``/``y``/``encoder_hidden_states``/``memory``/``kv`` (keys = values, as
-  x-transformers, torchtune and HF cross-attention take them); neither: self-attention only;
+  ``context``/``y``/``encoder_hidden_states``/``key_value_states``/``memory``/``kv`` (keys =
+  values, as x-transformers, torchtune, diffusers and HF cross-attention take them); neither:
+  self-attention only;
 * the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), or a key-padding mask
-  ``key_padding_mask``.
+  ``key_padding_mask``; a mask parameter without a default is given None when there is no mask.
 
 Mask *polarity* is never read from outputs: it comes from a :class:`MaskFormat` that a known
 adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, float additive).
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 import weakref
 from collections.abc import Callable
@@ -33,7 +35,7 @@ from mha_verify.properties.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))
-CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "memory", "kv")
+CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "key_value_states", "memory", "kv")
 MASK_NAMES = ("attn_mask", "attention_mask", "mask")
 PADDING_NAMES = ("key_padding_mask",)
 DROPOUT_ATTRS = ("dropout", "attn_dropout", "dropout_p", "attention_dropout", "attn_pdrop")
@@ -51,6 +53,8 @@ class Signature:
     padding: str | None = None
     need_weights: bool = False
     rotary: str | None = None  # HF's position_embeddings: (cos, sin), required by Llama-style layers
+    mask_required: bool = False  # the mask parameter has no default (GPT-NeoX's attention_mask)
+    position_bias: str | None = None  # HF T5's additive position bias, computed by the layer when not given
 
     @property
     def self_attention(self) -> bool:
@@ -78,7 +82,9 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     mask = next((n for n in MASK_NAMES if n in names), None)
     padding = next((n for n in PADDING_NAMES if n in names), None)
     rotary = "position_embeddings" if "position_embeddings" in names else None
-    return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary)
+    required = mask is not None and params[mask].default is params[mask].empty
+    bias = "position_bias" if "position_bias" in names else None
+    return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias)
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,24 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
 
 
+#: attributes where layers keep the softmax scale they apply: HF's ``self.scaling`` (passed to
+#: every attention implementation), diffusers' and timm's ``self.scale``
+SCALE_ATTRS = ("scaling", "scale")
+
+
+def layer_scale(module: nn.Module, head_dim: int) -> tuple[float | None, str]:
+    """(the softmax scale ``module`` states, how we know), or (None, "") where it states none or
+    1 / sqrt(head_dim), the contract. Read from a float attribute (:data:`SCALE_ATTRS`), never
+    from outputs: a layer that states one scale and applies another is then a finding."""
+    for attr in SCALE_ATTRS:
+        value = module.__dict__.get(attr)
+        if isinstance(value, float) and math.isfinite(value) and value > 0:
+            if math.isclose(value, head_dim ** -0.5, rel_tol=1e-6):
+                return None, ""
+            return value, f"softmax scale {value:.6g} from its {attr} attribute"
+    return None, ""
+
+
 def dropout_attrs(module: nn.Module) -> list[tuple[nn.Module, str]]:
     """Every (submodule, attribute) holding a dropout probability as a float."""
     found = []
@@ -236,4 +260,4 @@ def is_same_input(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 __all__ = ["MaskFormat", "Signature", "detect_causal", "dropout_attrs", "first_output", "has_dropout",
-           "identity_rotary", "is_same_input", "read_signature", "set_all_dropout"]
+           "identity_rotary", "is_same_input", "layer_scale", "read_signature", "set_all_dropout"]

@@ -45,6 +45,7 @@ from mha_verify.properties.adapters_call import (
     has_dropout,
     identity_rotary,
     is_same_input,
+    layer_scale,
     read_signature,
     set_all_dropout,
 )
@@ -56,6 +57,18 @@ def _linear_like(layer: object) -> bool:
     return isinstance(layer, nn.Linear) or (
         isinstance(layer, nn.Module) and type(layer).__name__ == "Conv1D" and hasattr(layer, "nf")
         and isinstance(getattr(layer, "weight", None), torch.Tensor))
+
+
+def output_layer(layer: object) -> nn.Module | None:
+    """The output projection a layer holds under an output name: a linear-like layer, an
+    nn.Identity (no projection), or the first of a ModuleList followed only by dropout and
+    identities (diffusers' ``to_out = [Linear, Dropout]``); None for anything else."""
+    if _linear_like(layer) or isinstance(layer, nn.Identity):
+        return layer  # type: ignore[return-value]
+    if isinstance(layer, (nn.ModuleList, nn.Sequential)) and len(layer) and _linear_like(layer[0]) and all(
+            isinstance(m, (nn.modules.dropout._DropoutNd, nn.Identity)) for m in list(layer)[1:]):
+        return layer[0]
+    return None
 
 
 def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -79,8 +92,10 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     The implementation is the layer's config's ``_attn_implementation``; a layer built
     standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.
     """
-    implementation = getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager"
-    row = recognition.library_format(library_of(module), str(implementation))
+    implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager")
+    if read_signature(module).position_bias:
+        implementation += "+position_bias"
+    row = recognition.library_format(library_of(module), implementation)
     return row.mask, row.fully_masked, row.note
 
 
@@ -95,20 +110,32 @@ class StructuralAdapter(Adapter):
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
         has_mask = sig.mask is not None
+        # keys = values through one argument (``key_value_states``, ``encoder_hidden_states``):
+        # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
+        shared = sig.context is not None and library_of(module) != "torchtune"
+        scale, scale_how = self._scale(module)
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
-            # keys = values through one ``context`` argument cannot take our distinct k and v:
-            # such layers are verified as self-attention (a declaration can say otherwise)
-            cross_attention=sig.key is not None and sig.value is not None and not causal,
+            cross_attention=((sig.key is not None and sig.value is not None) or shared) and not causal,
+            kv_shared=shared and sig.key is None,
             weights=False,
             fully_masked=fully_masked,
             causal=causal,
             dropout=has_dropout(module),
-            notes=(f"adapter {self.name}", how,
+            scale=scale,
+            notes=(f"adapter {self.name}", how, *((scale_how,) if scale_how else ()),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)
+
+    def _scale(self, module: nn.Module) -> tuple[float | None, str]:
+        """The softmax scale the layer states (:func:`adapters_call.layer_scale`), at its head width."""
+        try:
+            head_dim = self.params(module).w_q.shape[0] // _n_head(module)
+        except NotApplicable:
+            return None, ""
+        return layer_scale(module, head_dim) if head_dim > 0 else (None, "")
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
@@ -141,7 +168,7 @@ class StructuralAdapter(Adapter):
             # torchtune apply only the mask they are given, and the AND is harmless for the others
             explicit_causal = conv.causal
             converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal)
-            if converted is not None:
+            if converted is not None or sig.mask_required:
                 kwargs[sig.mask] = converted
         if sig.rotary is not None:
             head_dim = int(getattr(module, "head_dim", 0) or self.params(module).w_q.shape[0] // _n_head(module))
@@ -203,8 +230,7 @@ class SeparateQKVAdapter(StructuralAdapter):
             assert row.q and row.k and row.v
             if all(_linear_like(getattr(module, n, None)) for n in (row.q, row.k, row.v)):
                 # an nn.Identity output: no projection (x-transformers with one head of width D)
-                out = next((o for o in row.out if _linear_like(getattr(module, o, None))
-                            or isinstance(getattr(module, o, None), nn.Identity)), None)
+                out = next((o for o in row.out if output_layer(getattr(module, o, None)) is not None), None)
                 if out is not None:
                     return row.q, row.k, row.v, out
         return None
@@ -217,7 +243,8 @@ class SeparateQKVAdapter(StructuralAdapter):
         assert names is not None
         args: list[torch.Tensor | None] = []
         for n in names:
-            layer = getattr(module, n)
+            layer = output_layer(getattr(module, n))
+            assert layer is not None
             args += [None, None] if isinstance(layer, nn.Identity) else weight_bias(layer)
         return MHAParams._make(args)
 

@@ -68,7 +68,8 @@ def examples_for(
 ) -> st.SearchStrategy[AttnExample] | str:
     """Examples the target can take, or the reason (a str) why the property cannot apply.
 
-    Self-attention-only targets get q = k = v; targets without a mask get no mask; masks
+    Self-attention-only targets get q = k = v, targets that take keys and values as one argument
+    (``kv_shared``) k = v != q; targets without a mask get no mask; masks
     come only in the types and shapes the target accepts (``conv.mask``, ``conv.mask_forms``);
     ``need_mask`` properties (about removed keys) get masks that remove keys, and so do those
     that ask for no ``large_negatives`` (finite differences cannot resolve a score of 1e9);
@@ -105,6 +106,8 @@ def examples_for(
                                   layouts=layouts)
     if not conv.cross_attention:
         strategy = strategy.map(lambda ex: ex._replace(k=ex.q, v=ex.q))
+    elif conv.kv_shared:  # one argument for keys and values: k = v, still distinct from q
+        strategy = strategy.map(lambda ex: ex._replace(v=ex.k))
     if conv.fully_masked != "zeros":
         strategy = strategy.filter(lambda ex: not bool(fully_masked(ex, conv.causal).any()))
     return strategy

@@ -17,6 +17,8 @@ from mha_verify.properties.strategies import AttnExample, make_example
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
         return "self-attention only: forward(x) cannot receive keys and values of different lengths"
+    if conv.kv_shared:
+        return "keys and values arrive as one argument: they cannot have different lengths"
     return examples_for(conv, kinds=("none",))
 
 
@@ -84,6 +86,8 @@ def determinism(bound: Instance, ex: AttnExample) -> Measure:
     other = make_example(ex.sizes, ex.mask_spec, tuple(s * 3.0 for s in ex.scales), ex.seed + 1, ex.q.dtype)
     if not bound.conventions.cross_attention:
         other = other._replace(k=other.q, v=other.q)
+    elif ex.v is ex.k:  # keys = values, one argument
+        other = other._replace(v=other.k)
     first = bound(ex.q, ex.k, ex.v, ex.mask).detach().clone()
     second = bound(other.q, other.k, other.v, other.mask).detach().clone()
     again = bound(ex.q, ex.k, ex.v, ex.mask).detach()

@@ -87,7 +87,8 @@ def no_future_leak(bound: Instance, ex: AttnExample) -> Measure:
 
     out = bound(ex.q, ex.k, ex.v, ex.mask)
     if bound.conventions.cross_attention:
-        q2, k2, v2 = ex.q, changed(ex.k), changed(ex.v)
+        q2, k2 = ex.q, changed(ex.k)
+        v2 = k2 if ex.v is ex.k else changed(ex.v)  # keys = values, one argument: changed together
     else:
         q2 = changed(ex.q)
         k2 = v2 = q2

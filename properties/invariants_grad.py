@@ -24,16 +24,26 @@ _WEIGHTS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 
 
 def _inputs(ex: AttnExample, dtype: torch.dtype) -> tuple[list[str], list[torch.Tensor]]:
-    """Leaves for q, k and v in ``dtype`` (one leaf "x" for a self-attention example, q is k is v).
+    """Leaves for q, k and v in ``dtype``: one leaf "x" for a self-attention example (q is k is
+    v), "q" and "kv" where keys and values are one argument (k is v), else "q", "k", "v".
 
     ``clone`` keeps the strides of dense views (a transposed layout stays transposed)."""
+    def leaf(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(dtype).clone().requires_grad_(True)
+
     if ex.k is ex.q and ex.v is ex.q:
-        return ["x"], [ex.q.detach().to(dtype).clone().requires_grad_(True)]
-    return ["q", "k", "v"], [t.detach().to(dtype).clone().requires_grad_(True) for t in (ex.q, ex.k, ex.v)]
+        return ["x"], [leaf(ex.q)]
+    if ex.v is ex.k:
+        return ["q", "kv"], [leaf(ex.q), leaf(ex.k)]
+    return ["q", "k", "v"], [leaf(t) for t in (ex.q, ex.k, ex.v)]
 
 
 def _call(leaves: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return (leaves[0], leaves[0], leaves[0]) if len(leaves) == 1 else (leaves[0], leaves[1], leaves[2])
+    if len(leaves) == 1:
+        return leaves[0], leaves[0], leaves[0]
+    if len(leaves) == 2:
+        return leaves[0], leaves[1], leaves[1]
+    return leaves[0], leaves[1], leaves[2]
 
 
 def _exposed(params: MHAParams) -> list[str]:
@@ -70,8 +80,9 @@ def grad_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """The target's gradients agree with the float64 oracle's autograd gradients.
 
     With g ~ N(0, 1) (B, Lq, D) and loss = sum(out * g): dq, dk and dv (dx for a
-    self-attention-only target), and the gradients of w_q, b_q, ..., b_o where the target
-    exposes them as its own leaf parameters, each within 4 x |the plain formula's backward in
+    self-attention-only target, d(kv) where keys and values are one argument), and the
+    gradients of w_q, b_q, ..., b_o where the target exposes them as its own leaf parameters,
+    each within 4 x |the plain formula's backward in
     the target's dtype - float64| + floor (mha.tolerance), on modest sizes and past every length
     and batch block boundary (Lq, Lk up to 257; heads up to 8 of width 16), with masks,
     causality and grouped key/value heads. The plain
@@ -150,7 +161,12 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
 
     d_proj = [merge(d_qh, n_head), merge(d_kh, n_kv), merge(d_vh, n_kv)]  # (B, L, out) each
     d_inputs = [dp @ w for dp, (_, w, _) in zip(d_proj, sq, strict=True)]  # (B, L, D) each
-    inputs = [d_inputs[0] + d_inputs[1] + d_inputs[2]] if n_inputs == 1 else d_inputs
+    if n_inputs == 1:  # x is q, k and v
+        inputs = [d_inputs[0] + d_inputs[1] + d_inputs[2]]
+    elif n_inputs == 2:  # q, and kv as keys and values
+        inputs = [d_inputs[0], d_inputs[1] + d_inputs[2]]
+    else:
+        inputs = d_inputs
     concat = oh.transpose(1, 2).reshape(q.shape[0], q.shape[1], d)  # |Concat| bound (B, Lq, D)
     per_weight = {}
     for (x, _, _), dp, name in zip(sq, d_proj, ("q", "k", "v"), strict=True):

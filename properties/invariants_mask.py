@@ -70,6 +70,8 @@ def masked_kv_invariance(bound: Instance, ex: AttnExample) -> Measure:
     noise_k = torch.randn(ex.k.shape, generator=gen).to(ex.k.dtype) * big
     noise_v = torch.randn(ex.v.shape, generator=gen).to(ex.v.dtype) * big
     k2[replace], v2[replace] = noise_k[replace], noise_v[replace]
+    if ex.v is ex.k:  # keys = values, one argument: replaced together
+        v2 = k2
     if not bound.conventions.cross_attention:
         return _self_attention_masked_x(bound, ex, replace, rows, noise_k)
     out = bound(ex.q, ex.k, ex.v, ex.mask)

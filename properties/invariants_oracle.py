@@ -173,9 +173,15 @@ def gradcheck(bound: Instance, ex: AttnExample) -> Measure:
     if not bool(rows.any()):
         return UNCHECKED
     q = ex.q.clone().requires_grad_(True)
-    if cross:
+    inputs: tuple[torch.Tensor, ...]
+    if cross and ex.v is ex.k:  # keys = values, one argument: one input
+        inputs = (q, ex.k.clone().requires_grad_(True))
+
+        def fn(*t: torch.Tensor) -> torch.Tensor:
+            return bound(t[0], t[1], t[1], ex.mask)[rows]
+    elif cross:
         k, v = ex.k.clone().requires_grad_(True), ex.v.clone().requires_grad_(True)
-        inputs: tuple[torch.Tensor, ...] = (q, k, v)
+        inputs = (q, k, v)
 
         def fn(*t: torch.Tensor) -> torch.Tensor:
             return bound(t[0], t[1], t[2], ex.mask)[rows]

@@ -52,6 +52,8 @@ class Conventions:
         when its forward takes no mask.
     mask_forms: the mask shapes it accepts, a subset of :data:`mha.masks.MASK_FORMS`.
     cross_attention: False for self-attention-only targets (forward(x)).
+    kv_shared: keys and values arrive as one argument (HF's ``key_value_states``, diffusers'
+        ``encoder_hidden_states``): cross-attention examples then have k = v != q, Lk != Lq.
     weights: True if the target can return attention weights (B, H, Lq, Lk).
     fully_masked: what a fully masked query row gives (:data:`mha.masks.FULLY_MASKED`):
         "zeros" (our contract: w_o(0) = b_o), "uniform" (weights 1/Lk over all keys, as layers
@@ -77,6 +79,7 @@ class Conventions:
     mask: frozenset[str] = frozenset({"bool", "float"})
     mask_forms: frozenset[str] = frozenset(MASK_FORMS)
     cross_attention: bool = True
+    kv_shared: bool = False
     weights: bool = False
     fully_masked: str = "zeros"
     causal: bool = False
@@ -95,7 +98,7 @@ class Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
-        negation), weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
+        negation), kv_shared, weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None).
         """
         changes: dict[str, object] = {}
@@ -114,7 +117,8 @@ class Conventions:
         mask = "/".join(sorted(self.mask)) or "none"
         parts = [f"mask {mask}" + ("" if not self.mask or self.mask_forms == frozenset(MASK_FORMS)
                                    else f" ({', '.join(sorted(self.mask_forms))})"),
-                 "cross-attention" if self.cross_attention else "self-attention",
+                 ("cross-attention, keys = values (one argument)" if self.kv_shared else "cross-attention")
+                 if self.cross_attention else "self-attention",
                  f"fully masked rows -> {self.fully_masked}"]
         if self.causal:
             parts.append("causal")
@@ -193,6 +197,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "mask_forms": ("mask_forms", _subset(MASK_FORMS)),
     "cross_attention": ("cross_attention", _flag),
     "self_attention": ("cross_attention", lambda v: not _flag(v)),
+    "kv_shared": ("kv_shared", _flag),
     "weights": ("weights", _flag),
     "fully_masked": ("fully_masked", _choice(FULLY_MASKED)),
     "causal": ("causal", _flag),

@@ -41,7 +41,10 @@ PROJECTIONS: tuple[Projections, ...] = (
     Projections("fused_qkv", None, None, None, ("c_proj",), fused="c_attn", where="nanoGPT, GPT-2 (HF Conv1D)"),
     Projections("separate_qkv", "q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "output_proj"),
                 where="HF Llama, Mistral, BART, Whisper; fairseq; torchtune"),
-    Projections("separate_qkv", "to_q", "to_k", "to_v", ("to_out",), where="x-transformers"),
+    Projections("separate_qkv", "to_q", "to_k", "to_v", ("to_out",),
+                where="x-transformers; diffusers (to_out a ModuleList: [Linear, Dropout])"),
+    Projections("separate_qkv", "q_lin", "k_lin", "v_lin", ("out_lin",), where="HF DistilBERT"),
+    Projections("separate_qkv", "q", "k", "v", ("o",), where="HF T5 and its family"),
     Projections("qkv_no_output", "query", "key", "value", (), where="HF BertSelfAttention"),
 )
 
@@ -90,6 +93,16 @@ LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
         MaskFormat("additive_min"), "uniform",
         "transformers eager: the mask as HF builds it, finfo.min for removed keys (uniform weights on fully masked "
         "rows)"),
+    # sdpa_attention_forward turns a bool mask into where(mask, position_bias, finfo.min) for layers
+    # with a position bias (T5 and its family): fully masked rows get uniform weights
+    ("transformers", "sdpa+position_bias"): LibraryFormat(
+        MaskFormat("keep"), "uniform",
+        "transformers sdpa with a position bias: a bool mask becomes where(mask, bias, finfo.min) (uniform weights "
+        "on fully masked rows)"),
+    ("transformers", "eager+position_bias"): LibraryFormat(
+        MaskFormat("additive_min"), "uniform",
+        "transformers eager: the mask as HF builds it, finfo.min for removed keys, added to the position bias "
+        "(uniform weights on fully masked rows)"),
     ("transformers", None): LibraryFormat(
         MaskFormat("keep"), "zeros", "transformers {impl}: the mask as HF builds it for sdpa (bool keep)"),
     ("torchtune", None): LibraryFormat(
@@ -99,6 +112,9 @@ LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
         MaskFormat("keep", takes=frozenset({"bool"})), "zeros",
         "x-transformers: attn_mask as a bool keep-mask (bool only)"),
     ("timm", None): LibraryFormat(MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"),
+    # Attention.prepare_attention_mask repeats a (B, Lq, Lk) mask over heads and adds it to the scores
+    ("diffusers", None): LibraryFormat(
+        MaskFormat("additive", layout="BLL"), "zeros", "diffusers: attention_mask additive, (B, Lq, Lk)"),
 }
 UNKNOWN_LIBRARY = LibraryFormat(
     MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)")

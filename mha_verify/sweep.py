@@ -1,0 +1,339 @@
+"""``mha-verify sweep LIBRARY``: every attention class of an installed library, built with no
+user code, then run through the gate, one row each.
+
+Stages, each surviving what a class does to it:
+
+1. find (:mod:`mha_verify.sweep_classes`): read the library's files, import nothing;
+2. build (:mod:`mha_verify.sweep_build` in a worker): import, build from the constructor's
+   names and the library's config, one forward. A class that hangs past ``build_timeout`` or
+   crashes its worker becomes a row ("hung", "crashed") and a new worker goes on;
+3. check: ``mha-verify check --target CLASS --no-export --profile quick`` per built class, in its
+   own process group, killed past ``class_timeout``; its JSON report gives the verdicts.
+
+The table (``sweep.json``, ``sweep.md``) is rewritten atomically after every row, so an
+interrupted sweep has lost nothing, and a sweep run again into the same folder (same library,
+versions and profile) resumes: rows already judged are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from mha_verify.export.atomic import AtomicWriter
+from mha_verify.sweep_classes import Found, find_classes
+
+FORMAT = "mha-verify sweep 1"
+#: statuses of a row; "passed" and "failed" are the gate's verdicts on a built class
+STATUSES = ("not built", "hung while built", "crashed while built", "built", "passed", "failed",
+            "nothing verified", "check timed out", "check crashed", "check usage error")
+
+
+@dataclass
+class Row:
+    """One class of the library and what happened to it."""
+
+    spec: str
+    path: str
+    status: str = ""
+    built_as: str = ""
+    conventions: str = ""
+    reason: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    #: checks that compared at least one example (passed, failed, warned or declared)
+    verified: int = 0
+    #: failure cause (its reason, numbers masked) -> the failing checks
+    causes: dict[str, list[str]] = field(default_factory=dict)
+    build_seconds: float = 0.0
+    check_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Options:
+    library: str
+    out: Path
+    profile: str = "quick"
+    max_examples: int | None = None
+    build_only: bool = False
+    match: str | None = None
+    sample: int | None = None
+    seed: int = 0
+    jobs: int = 1
+    build_timeout: float = 120.0
+    class_timeout: float = 900.0
+    fresh: bool = False
+
+
+def library_version(library: str) -> str:
+    try:
+        return metadata.version(library)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def context(opts: Options) -> dict[str, str]:
+    """What a stored row is valid for: reused only when all of it matches."""
+    from mha_verify import __version__
+
+    return {"library": opts.library, "library_version": library_version(opts.library),
+            "mha_verify": __version__, "torch": library_version("torch"), "profile": opts.profile,
+            "max_examples": str(opts.max_examples or "")}
+
+
+def select(found: list[Found], opts: Options) -> list[Found]:
+    """The classes ``--match`` keeps, then a seeded sample of ``--sample`` of them (file order kept)."""
+    chosen = [f for f in found if opts.match is None or re.search(opts.match, f.spec)]
+    if opts.sample is not None and opts.sample < len(chosen):
+        keep = set(random.Random(opts.seed).sample(range(len(chosen)), opts.sample))
+        chosen = [f for i, f in enumerate(chosen) if i in keep]
+    return chosen
+
+
+def load_previous(out: Path, ctx: dict[str, str]) -> dict[str, Row]:
+    """Rows of an earlier sweep into ``out`` with the same context; ValueError if ``out`` holds a
+    sweep.json that is not a sweep's (nothing of it is overwritten then)."""
+    path = out / "sweep.json"
+    if not path.exists():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+        ok = isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("rows"), list)
+    except (ValueError, OSError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"--out {str(out)!r} holds a sweep.json that is not an mha-verify sweep's; "
+                         "choose another folder")
+    if doc.get("context") != ctx:
+        return {}
+    rows: dict[str, Row] = {}
+    for item in doc["rows"]:
+        try:
+            row = Row(**{k: item[k] for k in Row.__dataclass_fields__ if k in item})
+        except TypeError:
+            continue
+        if isinstance(row.spec, str) and row.status in STATUSES:
+            rows[row.spec] = row
+    return rows
+
+
+class BuildWorker:
+    """A ``sweep_build`` process; one spec at a time, each under a time limit."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mha_verify.sweep_build"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        self.buffer = b""
+
+    def ask(self, spec: str, timeout: float) -> dict[str, Any] | str:
+        """The worker's JSON line for ``spec``, or "hung" / "crashed: ..." (the worker is then dead)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(spec.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return self._crashed()
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            while b"\n" not in self.buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    self.kill()
+                    return "hung"
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
+                if not chunk:
+                    return self._crashed()
+                self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.kill()
+            return "crashed: the worker wrote something other than its answer"
+        return answer if isinstance(answer, dict) else "crashed: the worker wrote something other than its answer"
+
+    def _crashed(self) -> str:
+        code = self.proc.wait()
+        return f"crashed: {describe_exit(code)}"
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """End ``proc`` and everything it started (it leads its own session): TERM, then KILL."""
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group's stragglers (the gate's workers)
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
+    start = time.perf_counter()
+    answer = worker.ask(row.spec, timeout)
+    row.build_seconds = round(time.perf_counter() - start, 2)
+    if answer == "hung":
+        row.status, row.reason = "hung while built", f"no answer within {timeout:g} s (import, build or one forward)"
+    elif isinstance(answer, str):
+        row.status, row.reason = "crashed while built", answer
+    elif answer.get("built"):
+        row.status, row.built_as, row.conventions = "built", str(answer["built_as"]), str(answer["conventions"])
+    else:
+        row.status, row.reason = "not built", str(answer.get("reason", ""))
+
+
+_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
+
+
+def cause_of(reason: str) -> str:
+    """A failure's reason with its numbers masked, so that the same cause groups across checks."""
+    first = (reason.strip().splitlines() or [""])[0]
+    return _NUMBER.sub("#", first)[:200]
+
+
+def check_row(row: Row, opts: Options) -> dict[str, Any]:
+    """Run the gate on one built class: the row's new fields, from its JSON report (returned, not
+    set: the table is written from the main thread while other classes run)."""
+    reports = opts.out / "reports"
+    report = reports / (re.sub(r"[^A-Za-z0-9_.-]", "_", row.spec) + ".json")
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "mha_verify.cli", "check", "--target", row.spec, "--profile", opts.profile,
+           "--jobs", "1", "--report", str(report), "--no-export"]
+    if opts.max_examples is not None:
+        cmd += ["--max-examples", str(opts.max_examples)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    try:
+        _, err = proc.communicate(timeout=opts.class_timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return {"status": "check timed out", "reason": f"the gate ran past {opts.class_timeout:g} s",
+                "check_seconds": round(time.perf_counter() - start, 1)}
+    seconds = round(time.perf_counter() - start, 1)
+    lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
+    if proc.returncode == 2:
+        return {"status": "check usage error", "reason": lines[-1] if lines else "exit code 2",
+                "check_seconds": seconds}
+    if proc.returncode not in (0, 1) or not report.is_file():
+        return {"status": "check crashed", "check_seconds": seconds,
+                "reason": describe_exit(proc.returncode) + (f": {lines[-1]}" if lines else "")}
+    doc = json.loads(report.read_text())
+    results = doc.get("results", [])
+    causes: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("verdict") == "fail":
+            causes.setdefault(cause_of(str(r.get("reason") or r.get("counterexample") or "")), []).append(
+                str(r.get("name")))
+    verified = sum(1 for r in results if r.get("verdict") != "n/a" and (r.get("examples") or 0) > 0)
+    status = "nothing verified" if verified == 0 else "passed" if proc.returncode == 0 else "failed"
+    return {"status": status, "reason": "no check compared an example" if verified == 0 else "",
+            "counts": {k: int(v) for k, v in doc.get("counts", {}).items()}, "verified": verified,
+            "causes": causes, "check_seconds": seconds}
+
+
+def totals(rows: list[Row]) -> dict[str, int]:
+    """The sweep's counts: found, built (with no user code), verified (a check compared an
+    example), passed, failed, and each other status."""
+    count = {s: sum(r.status == s for r in rows) for s in STATUSES}
+    built = sum(r.status not in ("not built", "hung while built", "crashed while built", "") for r in rows)
+    return {"found": len(rows), "built": built, "verified": sum(r.verified > 0 for r in rows),
+            "passed": count["passed"], "failed": count["failed"],
+            **{s: n for s, n in count.items() if s not in ("passed", "failed") and n}}
+
+
+def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str) -> None:
+    from mha_verify.sweep_table import markdown
+
+    doc = {"format": FORMAT, "context": ctx, "command": command, "totals": totals(rows),
+           "rows": [asdict(r) for r in rows]}
+    AtomicWriter(opts.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+    AtomicWriter(opts.out / "sweep.md").write_text(markdown(rows, totals(rows), ctx, command))
+
+
+def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lambda r: None) -> list[Row]:
+    """Run the sweep; the rows, in the library's file order. ValueError for a usage error."""
+    if opts.match is not None:
+        try:
+            re.compile(opts.match)
+        except re.error as exc:
+            raise ValueError(f"--match {opts.match!r} is not a regular expression: {exc}") from None
+    found = select(find_classes(opts.library), opts)
+    if not found:
+        raise ValueError(f"no attention class of {opts.library} matches"
+                         + (f" --match {opts.match!r}" if opts.match else ""))
+    opts.out.mkdir(parents=True, exist_ok=True)
+    (opts.out / "reports").mkdir(exist_ok=True)
+    ctx = context(opts)
+    previous = {} if opts.fresh else load_previous(opts.out, ctx)
+    rows = [previous.get(f.spec) or Row(f.spec, f.path) for f in found]
+    worker: BuildWorker | None = None
+    try:
+        for row in rows:
+            if row.status:
+                continue
+            worker = worker if worker is not None and worker.proc.poll() is None else BuildWorker()
+            build_row(worker, row, opts.build_timeout)
+            write(rows, opts, ctx, command)
+            progress(row)
+    finally:
+        if worker is not None:
+            worker.close()
+    if not opts.build_only:
+        todo = [r for r in rows if r.status == "built"]
+
+        with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+            futures = {pool.submit(check_row, row, opts): row for row in todo}
+            for future in as_completed(futures):
+                row = futures[future]
+                for key, value in future.result().items():
+                    setattr(row, key, value)
+                write(rows, opts, ctx, command)
+                progress(row)
+    write(rows, opts, ctx, command)
+    return rows
+
+
+__all__ = ["STATUSES", "Options", "Row", "cause_of", "sweep", "totals"]

@@ -1,0 +1,67 @@
+"""Find every attention class of an installed library by reading its source, importing nothing.
+
+A class is an attention class when its name ends in ``Attention`` (``LlamaAttention``,
+``CLIPAttention``, diffusers' ``Attention``, ``T5LayerSelfAttention``): the libraries' own
+naming, and the name a user reaches for. Wrappers that add a residual or a norm around the
+attention (``T5LayerSelfAttention``, ``BertAttention``) are found too: whether they satisfy the
+attention contract is for the gate to say, and the table says what each one is.
+
+Reading the files with ``ast`` runs none of the library's code: the enumeration cannot hang,
+crash or import what the machine lacks; the build stage meets that, one class at a time.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+#: library -> the glob of its files that hold layers, relative to the package (default: every file)
+LIBRARY_FILES: dict[str, str] = {
+    "transformers": "models/*/modeling_*.py",
+    "diffusers": "models/**/*.py",
+}
+SUFFIX = "Attention"
+
+
+@dataclass(frozen=True)
+class Found:
+    """One attention class: its spec ``package.module:Class`` and the file it is defined in."""
+
+    spec: str
+    path: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.rpartition(":")[2]
+
+
+def package_root(library: str) -> Path:
+    """The installed package's folder; ValueError naming the library when it is not installed."""
+    if not all(part.isidentifier() for part in library.split(".")):
+        raise ValueError(f"library {library!r} is not a package name")
+    spec = importlib.util.find_spec(library)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"library {library!r} is not installed as a package here (pip install {library})")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_classes(library: str) -> list[Found]:
+    """Every top-level class named ``*Attention`` in the library's layer files, in file order."""
+    root = package_root(library)
+    found: list[Found] = []
+    for path in sorted(root.glob(LIBRARY_FILES.get(library, "**/*.py"))):
+        if "tests" in path.relative_to(root).parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue  # a file Python could not import either: it holds no class we could build
+        module = ".".join((library, *path.relative_to(root).with_suffix("").parts))
+        found += [Found(f"{module}:{node.name}", str(path)) for node in tree.body
+                  if isinstance(node, ast.ClassDef) and node.name.endswith(SUFFIX)]
+    return found
+
+
+__all__ = ["LIBRARY_FILES", "Found", "find_classes", "package_root"]

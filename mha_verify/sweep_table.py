@@ -1,0 +1,65 @@
+"""The sweep's truth table in Markdown: totals, failure causes across classes, one row per class."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from mha_verify.escape import printable
+
+if TYPE_CHECKING:
+    from mha_verify.sweep import Row
+
+
+def _cell(text: str, limit: int = 240) -> str:
+    """Text safe in one Markdown table cell: one line, pipes escaped, control characters shown."""
+    one = " ".join(printable(text).split())
+    one = one if len(one) <= limit else one[: limit - 1] + "…"
+    return one.replace("|", "\\|")
+
+
+def _verdicts(row: Row) -> str:
+    if not row.counts:
+        return ""
+    c = row.counts
+    return f"{c.get('pass', 0)} passed, {c.get('fail', 0)} failed, {c.get('n/a', 0)} n/a" + (
+        f", {c['warn']} warned" if c.get("warn") else "") + (f", {c['declared']} declared" if c.get("declared") else "")
+
+
+def _what(row: Row) -> str:
+    if row.causes:
+        return "; ".join(f"{', '.join(checks)}: {cause}" for cause, checks in row.causes.items())
+    return row.reason or row.built_as
+
+
+def markdown(rows: list[Row], totals: dict[str, int], context: dict[str, str], command: str) -> str:
+    lines = [
+        f"# Sweep of {context['library']} {context['library_version']}",
+        "",
+        f"mha-verify {context['mha_verify']}, torch {context['torch']}, profile {context['profile']}: `{command}`",
+        "",
+        "| " + " | ".join(totals) + " |",
+        "|" + "---|" * len(totals),
+        "| " + " | ".join(str(v) for v in totals.values()) + " |",
+        "",
+    ]
+    causes: Counter[str] = Counter()
+    for row in rows:
+        for cause in row.causes:
+            causes[cause] += 1
+    if causes:
+        lines += ["## Failure causes (classes)", "", "| classes | cause |", "|---|---|"]
+        lines += [f"| {n} | {_cell(cause)} |" for cause, n in causes.most_common()]
+        lines.append("")
+    reasons = Counter(_cell(r.reason, 160) for r in rows if r.status == "not built")
+    if reasons:
+        lines += ["## Why classes were not built (classes)", "", "| classes | reason |", "|---|---|"]
+        lines += [f"| {n} | {reason} |" for reason, n in reasons.most_common()]
+        lines.append("")
+    lines += ["## Classes", "", "| class | status | verdicts | built as, failures or reason | seconds |",
+              "|---|---|---|---|---|"]
+    for row in rows:
+        seconds = row.build_seconds + row.check_seconds
+        lines.append(f"| `{_cell(row.spec.rpartition(':')[2] + ' (' + row.spec.rpartition(':')[0] + ')')}` | "
+                     f"{row.status or 'not run'} | {_verdicts(row)} | {_cell(_what(row))} | {seconds:.0f} |")
+    return "\n".join(lines) + "\n"
