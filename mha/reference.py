@@ -16,8 +16,10 @@ from collections import OrderedDict
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
 from mha_verify.mha.masks import FULLY_MASKED, additive_mask, causal_keep
+from mha_verify.mha.rotary import Rotary
 
 
 class MHAParams(NamedTuple):
@@ -71,7 +73,8 @@ def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-    *, scale: float | None = None, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
+    *, scale: float | None = None, rotary: Rotary | None = None, causal: bool = False, fully_masked: str = "zeros",
+    via_lse: bool = False, kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q k^T * scale + mask) v, computed in the dtype of q.
 
@@ -80,6 +83,7 @@ def attention(
         mask: None, bool keep-mask (True = may attend) or additive float (finite values are
             biases, applied exactly), broadcasting to (..., Lq, Lk).
         scale: defaults to 1 / sqrt(Hd).
+        rotary: rotary position embeddings applied to q and k first (:mod:`mha.rotary`), or None.
         causal: also remove keys j > i for query i (top-left aligned, as SDPA's ``is_causal``).
         fully_masked: what a query row with every key removed gets: "zeros" (our contract:
             zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that
@@ -89,12 +93,18 @@ def attention(
             scores recomputed by the backward, are two roundings of the same scores (here: lse of
             the scores perturbed by one rounding error of the dtype, fixed seed). At scores of 1e4
             in float32 that moves every weight by ~1e-3 where exp(score - max) / sum is exact.
+        kernel: the output from torch's fused ``scaled_dot_product_attention`` in q's dtype instead,
+            on the same (rotated) heads and mask: another correct implementation, blocked, whose
+            backward recomputes the weights from a stored logsumexp. Where a row is fully
+            masked the plain formula's output is kept (the fused kernel's convention there is its own).
     Returns:
         (output (..., Lq, Hv), weights (..., Lq, Lk)).
     """
     if fully_masked not in FULLY_MASKED:
         raise ValueError(f"fully_masked must be one of {FULLY_MASKED}, got fully_masked={fully_masked!r}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if rotary is not None:  # positions along each one's own length axis
+        q, k = rotary.apply(q), rotary.apply(k)
     # q is scaled before the product, as SDPA's math path does: (q k^T) * scale overflows float16
     # at scores of 65504 before the scale brings them back (inputs of magnitude ~80 at Hd = 128),
     # where the float64 oracle and any pre-scaling layer stay finite
@@ -121,6 +131,8 @@ def attention(
     else:
         normalized = e / torch.where(has_key, total, torch.ones_like(total))
     weights = torch.where(has_key, normalized, masked_rows)
+    if kernel and bool(has_key.all()):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), weights
     return weights @ v, weights
 
 
@@ -140,7 +152,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 def multi_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None,
+    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed multi-head attention evaluated in ``dtype`` (float64 by default: the oracle).
 
@@ -151,24 +163,26 @@ def multi_head(
     Returns (output (B, Lq, D), weights (B, H, Lq, Lk)), both in ``dtype``.
     """
     concat, weights = concat_heads(q, k, v, params, n_head, mask, dtype=dtype, causal=causal,
-                                   fully_masked=fully_masked, scale=scale)
+                                   fully_masked=fully_masked, scale=scale, rotary=rotary)
     return output_projection(concat, params.to(dtype)), weights
 
 
 def concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None,
+    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`multi_head` before its output projection: (heads concatenated (B, Lq, D), weights
     (B, H, Lq, Lk)) in ``dtype``; ``output_projection`` of the first is ``multi_head``'s output."""
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
-    return _concat_heads(q, k, v, params.to(dtype), n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale)
+    return _concat_heads(q, k, v, params.to(dtype), n_head, mask, causal=causal, fully_masked=fully_masked,
+                         scale=scale, rotary=rotary)
 
 
 def _concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: MHAParams, n_head: int, mask: torch.Tensor | None,
-    *, causal: bool, fully_masked: str, via_lse: bool = False, scale: float | None = None,
+    *, causal: bool, fully_masked: str, via_lse: bool = False, scale: float | None = None, rotary: Rotary | None = None,
+    kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`concat_heads` on inputs and weights already in one dtype, on autograd's graph."""
     d = q.shape[-1]
@@ -182,7 +196,8 @@ def _concat_heads(
     vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
     m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(q.dtype))
     # (B, H, Lq, Hd), (B, H, Lq, Lk)
-    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, scale=scale, via_lse=via_lse)
+    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, scale=scale, rotary=rotary,
+                               via_lse=via_lse, kernel=kernel)
     # (B, H, Lq, Hd) -> (B, Lq, H, Hd) -> (B, Lq, D)
     return heads.transpose(-3, -2).reshape(*q.shape[:-1], d), weights
 
@@ -190,23 +205,23 @@ def _concat_heads(
 def multi_head_graph(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
-    scale: float | None = None,
+    scale: float | None = None, rotary: Rotary | None = None, kernel: bool = False,
 ) -> torch.Tensor:
     """:func:`multi_head`'s output (B, Lq, D), differentiable: nothing is detached or converted.
 
     q, k, v and every weight of ``params`` must share one dtype (the caller converts them, as
-    leaves of its own graph); gradients flow to each of them that requires grad. ``via_lse`` as
-    in :func:`attention`.
+    leaves of its own graph); gradients flow to each of them that requires grad. ``via_lse`` and
+    ``kernel`` as in :func:`attention`.
     """
     concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale,
-                              via_lse=via_lse)
+                              rotary=rotary, via_lse=via_lse, kernel=kernel)
     return output_projection(concat, params)
 
 
 def same_precision(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, oracle: torch.Tensor, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None,
+    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The "same-precision reference" that calibrates tolerances: :func:`multi_head` in ``dtype``.
 
@@ -217,7 +232,7 @@ def same_precision(
     two draws bound what another correct implementation in ``dtype`` may do far better.
     """
     first = multi_head(q, k, v, params, n_head, mask, dtype=dtype, causal=causal, fully_masked=fully_masked,
-                       scale=scale)
+                       scale=scale, rotary=rotary)
     eps = torch.finfo(dtype).eps
     gen = torch.Generator().manual_seed(0)
 
@@ -225,7 +240,7 @@ def same_precision(
         return t.detach().to(dtype) * (1 + eps * (2 * torch.rand(t.shape, generator=gen) - 1)).to(dtype)
 
     second = multi_head(nudge(q), nudge(k), nudge(v), params, n_head, mask, dtype=dtype, causal=causal,
-                        fully_masked=fully_masked, scale=scale)
+                        fully_masked=fully_masked, scale=scale, rotary=rotary)
 
     def error(t: torch.Tensor) -> float:
         diff = (t.double() - oracle.double()).abs().nan_to_num(math.inf)
@@ -237,7 +252,7 @@ def same_precision(
 def rounding_bound(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool = False, fully_masked: str = "zeros",
-    weights: torch.Tensor | None = None, scale: float | None = None,
+    weights: torch.Tensor | None = None, scale: float | None = None, rotary: Rotary | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bound, in float64, of how far rounding the scores in ``dtype`` moves the output
     (B, Lq, D) and the weights (B, H, Lq, Lk): (output bound, weights bound).
@@ -258,17 +273,22 @@ def rounding_bound(
     u = torch.finfo(dtype).eps / 2
     p = params.to(torch.float64)
     if weights is None:
-        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale)
+        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale,
+                                  rotary=rotary)
     weights = weights.detach().to(torch.float64).nan_to_num(0.0)  # (B, H, Lq, Lk)
     d = q.shape[-1]
     hd = d // n_head
     n_kv = kv_heads(params, n_head)
 
-    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int) -> torch.Tensor:
-        y = _linear(x.detach().to(torch.float64), w, b).abs()  # (B, L, n*Hd)
-        return y.reshape(*y.shape[:-1], n, hd).transpose(-3, -2).repeat_interleave(n_head // n, dim=-3)
+    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, rotate: bool = False) -> torch.Tensor:
+        y = _linear(x.detach().to(torch.float64), w, b)  # (B, L, n*Hd)
+        y = y.reshape(*y.shape[:-1], n, hd).transpose(-3, -2)  # (B, n, L, Hd)
+        if rotate and rotary is not None:
+            y = rotary.apply(y)
+        return y.abs().repeat_interleave(n_head // n, dim=-3)
 
-    qh, kh, vh = heads(q, p.w_q, p.b_q, n_head), heads(k, p.w_k, p.b_k, n_kv), heads(v, p.w_v, p.b_v, n_kv)
+    qh, kh = heads(q, p.w_q, p.b_q, n_head, rotate=True), heads(k, p.w_k, p.b_k, n_kv, rotate=True)
+    vh = heads(v, p.w_v, p.b_v, n_kv)
     delta = 4 * u * (qh @ kh.transpose(-2, -1)) * (1 / math.sqrt(hd) if scale is None else abs(scale))  # (B, H, Lq, Lk)
     s = torch.log(weights)  # the scores up to a per-row shift; -inf where no weight (masked keys)
     kept = weights > 0
@@ -340,7 +360,7 @@ def head_mask(mask: torch.Tensor | None, i: int) -> torch.Tensor | None:
 def one_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int, i: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None,
+    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
 ) -> torch.Tensor:
     """head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) alone: (B, Lq, Hd) in ``dtype``."""
     p = head_slices(params.to(dtype), n_head)[i]
@@ -349,20 +369,20 @@ def one_head(
     if m is not None and m.dtype != torch.bool:
         m = m.to(dtype)
     head, _ = attention(_linear(q, p.w_q, p.b_q), _linear(k, p.w_k, p.b_k), _linear(v, p.w_v, p.b_v), m,
-                        causal=causal, fully_masked=fully_masked, scale=scale)
+                        causal=causal, fully_masked=fully_masked, scale=scale, rotary=rotary)
     return head
 
 
 def per_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None,
+    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
 ) -> torch.Tensor:
     """The paper's formulation: head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), then
     Concat(head_1..head_H) W_o. Same shapes and mask contract as :func:`multi_head`;
     returns the output (B, Lq, D) in ``dtype``.
     """
     heads = [one_head(q, k, v, params, n_head, i, mask, dtype=dtype, causal=causal, fully_masked=fully_masked,
-                      scale=scale) for i in range(n_head)]  # (B, Lq, Hd) each
+                      scale=scale, rotary=rotary) for i in range(n_head)]  # (B, Lq, Hd) each
     concat = torch.cat(heads, dim=-1)  # (B, Lq, D)
     return output_projection(concat, params.to(dtype))

@@ -29,39 +29,16 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from mha_verify.export.atomic import AtomicWriter
 from mha_verify.sweep_classes import Found, find_classes
+from mha_verify.sweep_rows import STATUSES, Row, cause_of, totals
 
 FORMAT = "mha-verify sweep 1"
-#: statuses of a row; "passed" and "failed" are the gate's verdicts on a built class
-STATUSES = ("not built", "hung while built", "crashed while built", "built", "passed", "failed",
-            "nothing verified", "check timed out", "check crashed", "check usage error")
-
-
-@dataclass
-class Row:
-    """One class of the library and what happened to it."""
-
-    spec: str
-    path: str
-    status: str = ""
-    built_as: str = ""
-    conventions: str = ""
-    reason: str = ""
-    counts: dict[str, int] = field(default_factory=dict)
-    #: checks that compared at least one example (passed, failed, warned or declared)
-    verified: int = 0
-    #: failure cause (its reason, numbers masked) -> the failing checks
-    causes: dict[str, list[str]] = field(default_factory=dict)
-    build_seconds: float = 0.0
-    check_seconds: float = 0.0
-
-
 @dataclass(frozen=True)
 class Options:
     library: str
@@ -224,15 +201,6 @@ def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
         row.status, row.reason = "not built", str(answer.get("reason", ""))
 
 
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
-
-
-def cause_of(reason: str) -> str:
-    """A failure's reason with its numbers masked, so that the same cause groups across checks."""
-    first = (reason.strip().splitlines() or [""])[0]
-    return _NUMBER.sub("#", first)[:200]
-
-
 def check_row(row: Row, opts: Options) -> dict[str, Any]:
     """Run the gate on one built class: the row's new fields, from its JSON report (returned, not
     set: the table is written from the main thread while other classes run)."""
@@ -272,16 +240,6 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
     return {"status": status, "reason": "no check compared an example" if verified == 0 else "",
             "counts": {k: int(v) for k, v in doc.get("counts", {}).items()}, "verified": verified,
             "causes": causes, "check_seconds": seconds}
-
-
-def totals(rows: list[Row]) -> dict[str, int]:
-    """The sweep's counts: found, built (with no user code), verified (a check compared an
-    example), passed, failed, and each other status."""
-    count = {s: sum(r.status == s for r in rows) for s in STATUSES}
-    built = sum(r.status not in ("not built", "hung while built", "crashed while built", "") for r in rows)
-    return {"found": len(rows), "built": built, "verified": sum(r.verified > 0 for r in rows),
-            "passed": count["passed"], "failed": count["failed"],
-            **{s: n for s, n in count.items() if s not in ("passed", "failed") and n}}
 
 
 def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str) -> None:
@@ -336,4 +294,4 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     return rows
 
 
-__all__ = ["STATUSES", "Options", "Row", "cause_of", "sweep", "totals"]
+__all__ = ["Options", "sweep"]

@@ -49,7 +49,8 @@ def _usage(message: str) -> int:
 def run_sweep(args: argparse.Namespace) -> int:
     """Catches its own usage errors (as ``export_cmds``: ``cli.UsageError`` is another class when
     the CLI runs as ``python -m mha_verify.cli``)."""
-    from mha_verify.sweep import Options, Row, sweep, totals
+    from mha_verify.sweep import Options, sweep
+    from mha_verify.sweep_rows import Row, totals
 
     if not args.out:
         return _usage("--out is an empty path")

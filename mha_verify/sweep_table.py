@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from mha_verify.escape import printable
-
-if TYPE_CHECKING:
-    from mha_verify.sweep import Row
+from mha_verify.sweep_rows import Row
 
 
 def _cell(text: str, limit: int = 240) -> str:

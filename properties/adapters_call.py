@@ -22,6 +22,8 @@ import functools
 import inspect
 import math
 import re
+import sys
+import types
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.masks import additive_mask, causal_keep, forms_within
+from mha_verify.mha.rotary import Rotary
 from mha_verify.properties.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
@@ -239,6 +242,77 @@ def has_dropout(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules()) or bool(dropout_attrs(module))
 
 
+def rotary_of(config: object) -> tuple[Rotary | None, str]:
+    """(the rotary embeddings an HF config describes, how we know) or (None, why not).
+
+    transformers 5.x keeps them in ``rope_parameters`` (``rope_theta``, ``rope_type``,
+    ``partial_rotary_factor``), 4.x in ``rope_theta`` and ``rope_scaling``. Only the default
+    rope type is the formula of :class:`mha.rotary.Rotary`; scaled types (linear, dynamic, yarn,
+    llama3, longrope) change the frequencies, and are left out (identity rotation) with a note.
+    The layout is the halves of HF's ``rotate_half``.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta, rope_type = params.get("rope_theta"), params.get("rope_type", "default")
+        fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    else:
+        scaling = getattr(config, "rope_scaling", None)
+        theta = getattr(config, "rope_theta", None)
+        rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else "default"
+        fraction = getattr(config, "partial_rotary_factor", 1.0)
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool):
+        return None, "rotary replaced by a rotation by 0: no rope_theta in its config"
+    if rope_type not in (None, "default"):
+        return None, f"rotary replaced by a rotation by 0: rope type {rope_type!r} is not the default formula"
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        return None, f"rotary replaced by a rotation by 0: partial_rotary_factor={fraction!r}"
+    rotary = Rotary(float(theta), False, float(fraction))
+    return rotary, f"{rotary.describe()} (its config)"
+
+
+_ROTARY_MODULES: weakref.WeakKeyDictionary[nn.Module, nn.Module | None] = weakref.WeakKeyDictionary()
+
+
+def library_rotary(module: nn.Module) -> nn.Module | None:
+    """The layer's library's own rotary embedding (``LlamaRotaryEmbedding(config)``: a class named
+    ``*RotaryEmbedding`` in the layer's module), built from the layer's config; None if none
+    builds. Its cos and sin are what the model would give the layer, so they are verified too."""
+    if module not in _ROTARY_MODULES:
+        found = None
+        config = getattr(module, "config", None)
+        namespace = vars(sys.modules.get(type(module).__module__, types.ModuleType("none")))
+        candidates = sorted((c for name, c in namespace.items() if name.endswith("RotaryEmbedding")
+                             and inspect.isclass(c) and issubclass(c, nn.Module)), key=lambda c: c.__name__)
+        for cls in candidates if config is not None else ():
+            try:
+                found = cls(config=config)
+                break
+            except Exception:
+                continue
+        _ROTARY_MODULES[module] = found
+    return _ROTARY_MODULES[module]
+
+
+def position_embeddings(module: nn.Module, x: torch.Tensor, rotary: Rotary | None,
+                        head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``position_embeddings`` (cos, sin), each (B, L, r), for positions 0 .. L-1 of x (B, L, D):
+    from the library's own rotary embedding where there is one, else in its layout
+    (the angles repeated over both halves); a rotation by 0 where ``rotary`` is None."""
+    if rotary is None:
+        return identity_rotary(x, head_dim)
+    B, L = x.shape[0], x.shape[1]
+    positions = torch.arange(L, device=x.device)[None].expand(B, L)
+    emb = library_rotary(module)
+    if emb is not None:
+        cos, sin = emb(x, positions)
+        return cos, sin
+    r = rotary.dims(head_dim)
+    inv_freq = 1.0 / rotary.base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # (B, L, r/2)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
 def identity_rotary(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's ``position_embeddings`` (cos, sin) of a rotation by 0: RoPE leaves q and k unchanged.
 
@@ -260,4 +334,5 @@ def is_same_input(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 __all__ = ["MaskFormat", "Signature", "detect_causal", "dropout_attrs", "first_output", "has_dropout",
-           "identity_rotary", "is_same_input", "layer_scale", "read_signature", "set_all_dropout"]
+           "identity_rotary", "is_same_input", "layer_scale", "library_rotary", "position_embeddings",
+           "read_signature", "rotary_of", "set_all_dropout"]

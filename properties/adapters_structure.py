@@ -43,10 +43,11 @@ from mha_verify.properties.adapters_call import (
     detect_causal,
     first_output,
     has_dropout,
-    identity_rotary,
     is_same_input,
     layer_scale,
+    position_embeddings,
     read_signature,
+    rotary_of,
     set_all_dropout,
 )
 from mha_verify.properties.protocol import Conventions, NotApplicable
@@ -114,6 +115,7 @@ class StructuralAdapter(Adapter):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
         scale, scale_how = self._scale(module)
+        rotary, rotary_how = rotary_of(getattr(module, "config", None)) if sig.rotary else (None, "")
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
@@ -124,7 +126,8 @@ class StructuralAdapter(Adapter):
             causal=causal,
             dropout=has_dropout(module),
             scale=scale,
-            notes=(f"adapter {self.name}", how, *((scale_how,) if scale_how else ()),
+            rotary=rotary,
+            notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how) if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)
@@ -172,7 +175,7 @@ class StructuralAdapter(Adapter):
                 kwargs[sig.mask] = converted
         if sig.rotary is not None:
             head_dim = int(getattr(module, "head_dim", 0) or self.params(module).w_q.shape[0] // _n_head(module))
-            kwargs[sig.rotary] = identity_rotary(q, head_dim)
+            kwargs[sig.rotary] = position_embeddings(module, q, conv.rotary, head_dim)
         return first_output(module(**kwargs))
 
     def set_dropout(self, module: nn.Module, p: float) -> bool:

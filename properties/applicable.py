@@ -99,6 +99,9 @@ def examples_for(
         fixed_axes = conv.axes
         shapes = shapes.map(lambda s: s._replace(batch=fixed_axes[0] or s.batch, lq=fixed_axes[1] or s.lq,
                                                  lk=fixed_axes[2] or s.lk))
+    if conv.rotary is not None and conv.sizes is None:  # only head widths the rotary can rotate
+        m = conv.rotary.head_dim_multiple()
+        shapes = shapes.map(lambda s: s._replace(d_model=s.n_head * max(m, -(-s.head_dim // m) * m)))
     if not conv.cross_attention:
         shapes = shapes.map(lambda s: s._replace(lk=s.lq))
     masks: st.SearchStrategy[MaskSpec] = mask_specs(kinds=kinds, forms=forms, conventions=conventions or ("bool",))

@@ -18,7 +18,12 @@ def _perm(n: int, seed: int) -> torch.Tensor:
     return p.roll(1) if bool((p == torch.arange(n)).all()) else p
 
 
+_ROTARY = "rotary embeddings make the scores depend on positions: permuting them changes the output"
+
+
 def _positions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    if conv.rotary is not None:
+        return _ROTARY
     return examples_for(conv, min_len=2)
 
 
@@ -50,6 +55,8 @@ def query_permutation(bound: Instance, ex: AttnExample) -> Measure:
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
         return "self-attention only: keys cannot be permuted without permuting queries"
+    if conv.rotary is not None:
+        return _ROTARY
     return examples_for(conv, min_len=2)
 
 

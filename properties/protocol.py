@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from mha_verify.mha.masks import FULLY_MASKED, MASK_FORMS
+from mha_verify.mha.rotary import Rotary
 
 if TYPE_CHECKING:
     from mha_verify.mha.reference import MHAParams
@@ -73,6 +74,9 @@ class Conventions:
         for each axis it takes at any size; examples are drawn at the fixed sizes.
     scale: the softmax scale the target multiplies scores by, declared or read (an ONNX
         ``Attention``'s ``scale``); None: 1 / sqrt(Hd), the contract. The oracle applies it.
+    rotary: rotary position embeddings the target applies to q and k (:class:`mha.rotary.Rotary`),
+        declared or read from the layer's config; the oracle applies them, and examples draw
+        only head widths they can rotate. None: no position information (the contract).
     notes: the conventions in words, printed in the report.
     """
 
@@ -92,6 +96,7 @@ class Conventions:
     output_dtype: torch.dtype | None = None
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
     scale: float | None = None
+    rotary: Rotary | None = None
     notes: tuple[str, ...] = field(default=())
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
@@ -99,7 +104,8 @@ class Conventions:
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
         negation), kv_shared, weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
-        ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None).
+        ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
+        (None, or a mapping of base, interleaved, fraction: ``{"base": 10000.0}``).
         """
         changes: dict[str, object] = {}
         for key, value in declaration.items():
@@ -132,6 +138,8 @@ class Conventions:
             parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
         if self.scale is not None:
             parts.append(f"softmax scale {self.scale:.6g}")
+        if self.rotary is not None:
+            parts.append(self.rotary.describe())
         fixed = [f"{n}={a}" for n, a in zip(("B", "Lq", "Lk"), self.axes, strict=True) if a is not None]
         if fixed:
             parts.append(f"fixed {', '.join(fixed)}")
@@ -192,6 +200,22 @@ def _scale(value: object) -> float | None:
     return float(value)
 
 
+def _rotary(value: object) -> Rotary | None:
+    if value is None or isinstance(value, Rotary):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError("expected None or a mapping of base, interleaved, fraction")
+    unknown = set(value) - {"base", "interleaved", "fraction"}
+    if unknown:
+        raise ValueError(f"unknown rotary keys {sorted(unknown)}; known: base, interleaved, fraction")
+    base, interleaved, fraction = value.get("base", 10000.0), value.get("interleaved", False), \
+        value.get("fraction", 1.0)
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or isinstance(fraction, bool) \
+            or not isinstance(fraction, (int, float)) or not isinstance(interleaved, bool):
+        raise TypeError("expected base and fraction numbers, interleaved True or False")
+    return Rotary(float(base), interleaved, float(fraction))
+
+
 _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "mask": ("mask", _subset(("bool", "float"))),
     "mask_forms": ("mask_forms", _subset(MASK_FORMS)),
@@ -206,6 +230,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "kv_heads": ("kv_heads", _positive_or_none),
     "output_dtype": ("output_dtype", _output_dtype),
     "scale": ("scale", _scale),
+    "rotary": ("rotary", _rotary),
 }
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mha_verify.sweep import cause_of
 from mha_verify.sweep_classes import find_classes
+from mha_verify.sweep_rows import cause_of
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = "tests.fixtures.fakelib"
@@ -35,7 +35,7 @@ def test_causes_group_failures_whose_numbers_differ() -> None:
     assert cause_of("x2_proj raised") == "x2_proj raised"  # digits inside a name are kept
 
 
-@pytest.mark.slow
+@pytest.mark.deep  # two stages over six classes: two minutes
 def test_a_sweep_turns_every_class_into_a_row_and_survives_hangs_and_crashes(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     proc = sweep("--out", str(out), "--build-timeout", "20", "--max-examples", "5")

@@ -1,0 +1,71 @@
+"""Rotary position embeddings: the oracle applies them (``mha.rotary``), so a layer's own rotary is
+verified, not replaced by a rotation by 0; one-bug twins (layout, position, base) fail."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from mha_verify.mha.rotary import Rotary
+from mha_verify.properties.applicable import examples_for
+from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.protocol import Conventions
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.suite import all_properties
+from mha_verify.properties.targets import load_target
+
+FIXTURE = "tests/fixtures/rotary_layers.py:"
+QUICK = PROFILES["quick"]
+
+
+def test_the_rotation_is_the_papers_on_each_pair_and_keeps_norms() -> None:
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    for interleaved in (False, True):
+        y = Rotary(base=100.0, interleaved=interleaved).apply(x)
+        assert torch.allclose(y.norm(dim=-1), x.norm(dim=-1))
+        assert torch.equal(y[:, 0], x[:, 0])  # position 0 is not rotated
+    # position 1, first pair of halves (columns 0 and 4) rotated by 1 radian
+    y = Rotary(base=100.0).apply(x)
+    a, b = x[:, 1, 0], x[:, 1, 4]
+    assert torch.allclose(y[:, 1, 0], a * math.cos(1) - b * math.sin(1))
+    assert torch.allclose(y[:, 1, 4], b * math.cos(1) + a * math.sin(1))
+    # partial: the last columns pass through
+    part = Rotary(fraction=0.5).apply(x)
+    assert torch.equal(part[..., 4:], x[..., 4:]) and not torch.equal(part[..., :4], x[..., :4])
+
+
+@pytest.mark.parametrize(("fraction", "multiple"), [(1.0, 2), (0.5, 4), (0.25, 8)])
+def test_head_widths_a_rotary_accepts(fraction: float, multiple: int) -> None:
+    assert Rotary(fraction=fraction).head_dim_multiple() == multiple
+
+
+@settings(max_examples=40, deadline=None)
+@given(examples_for(Conventions(rotary=Rotary(fraction=0.25)), layouts=False))
+def test_examples_for_a_rotary_layer_draw_head_widths_it_can_rotate(ex: AttnExample) -> None:
+    assert ex.sizes.head_dim % 8 == 0
+
+
+def test_rotary_is_read_from_the_layers_config_and_declarable() -> None:
+    conv = load_target(FIXTURE + "RotaryAttention").build(16, 2).conventions
+    assert conv.rotary == Rotary(10000.0) and "rotary base 10000, halves (its config)" in conv.describe()
+    assert Conventions().declare({"rotary": {"base": 500, "interleaved": True}}).rotary == Rotary(500.0, True)
+    with pytest.raises(ValueError, match="unknown rotary keys"):
+        Conventions().declare({"rotary": {"theta": 500}})
+
+
+@pytest.mark.parametrize(("layer", "verdict"), [
+    ("RotaryAttention", "pass"), ("InterleavedPairs", "fail"), ("KeysOnePositionOff", "fail"), ("WrongBase", "fail"),
+])
+def test_a_layers_own_rotary_is_verified(layer: str, verdict: str) -> None:
+    result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + layer), settings=QUICK, seed=0)
+    assert result.verdict == verdict and result.examples >= 5, result
+
+
+def test_permutations_cannot_apply_under_rotary() -> None:
+    result = run_property(all_properties()["query_permutation"], load_target(FIXTURE + "RotaryBidirectional"),
+                          settings=QUICK)
+    assert result.verdict == "n/a" and "rotary embeddings make the scores depend on positions" in str(result.reason)
