@@ -20,8 +20,13 @@ from outputs, which would turn a polarity bug into a "convention"):
   ``sdpa``, an additive mask with ``finfo(dtype).min`` for ``eager`` (so a fully masked row
   gets uniform weights, declared "uniform"); a causal layer always gets its causal mask
   explicitly, as the model gives it (HF's eager path does not apply causality by itself).
-  Llama-style layers get ``position_embeddings`` of a rotation by 0 (RoPE is outside the
-  formula verified).
+  Llama-style layers get ``position_embeddings`` from the library's own rotary embedding class
+  for positions 0 .. L-1, and the oracle applies the rotary their config describes
+  (``adapters_call.rotary_of``): the layer's rotary is verified. A rope type other than the
+  default formula gets a rotation by 0, said in the conventions' notes. Layers with a
+  ``position_bias`` (T5) get the mask row of their implementation with a position bias.
+* diffusers: ``attention_mask`` additive (B, Lq, Lk); keys and values through
+  ``encoder_hidden_states``.
 * torchtune: ``mask`` is a bool keep-mask (B, Lq, Lk) that *replaces* causality, so a causal
   layer gets keep AND causal.
 * x-transformers: ``attn_mask``, a bool keep-mask; keys and values through ``context``.

@@ -94,8 +94,9 @@ def test_torchscript_opset_20_gives_nan_where_eager_torch_mha_gives_the_bias(tmp
     assert np.isnan(got[0]).all() and np.isfinite(got[1]).all()  # onnxruntime: NaN on the padded item only
     eager = load_target("torch.nn:MultiheadAttention").build(D, H)
     eager.module.load_state_dict(module.m.state_dict())  # type: ignore[attr-defined]
+    # seeded: the quick profile draws at random, and a fully padded item must be among its 25 examples
     results = validate_model(path, settings=QUICK, opt_levels=("opt-all",), checks=("ort_vs_eager",),
-                             eager=eager, n_head=H)
+                             eager=eager, n_head=H, seed=0)
     # torch MHA declares NaN for fully masked rows (its need_weights=True path), and the model adopts the
     # eager target's declaration: the two sides of the one layer must still agree there
     assert results[1].failed, results[1]

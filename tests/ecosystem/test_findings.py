@@ -219,3 +219,23 @@ def test_gpt2_attention_raises_on_a_transposed_view_of_its_input() -> None:
         with pytest.raises(RuntimeError, match="view size is not compatible"):
             sdpa(view)
         assert torch.equal(sdpa(view.contiguous())[0], out)
+
+
+def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_by_minus_inf() -> None:
+    pytest.importorskip("transformers")
+    from transformers import T5Config
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    config = T5Config(d_model=8, num_heads=2, d_kv=4)
+    config._attn_implementation = "sdpa"
+    layer = T5Attention(config).eval()
+    x, keep = _x(), _fully_masked_row_keep()
+    additive = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    with torch.no_grad():
+        by_bool = layer(x, mask=keep)[0]
+        by_float = layer(x, mask=additive)[0]
+        values = layer.v(x).view(2, 4, 2, 4).transpose(1, 2)  # (B, H, L, Hd)
+        uniform = layer.o(values.mean(dim=2).reshape(2, 8))  # every key weighted 1/Lk
+    assert torch.allclose(by_bool[:, 1], uniform, atol=1e-6)  # where(mask, bias, finfo.min): uniform weights
+    assert torch.allclose(by_float[:, 1], torch.zeros(2, 8), atol=1e-6)  # -inf: zero weights, o has no bias
+    assert torch.allclose(by_bool[:, [0, 2, 3]], by_float[:, [0, 2, 3]], atol=1e-6)  # the other rows agree
