@@ -161,7 +161,9 @@ def _trace(bound: Bound, exporter: str, opset: int, dtype: torch.dtype, device: 
         args = (*args[:3], args[3][:, :1])
     if not mask_input:
         args = args[:3]
-    if not bound.conventions.cross_attention:  # one input x (B, L, D), and a (B, H, L, L) mask if it takes one
+    # one input x (B, L, D), and a (B, H, L, L) mask if it takes one; a target taking keys and values
+    # as one argument is exported as its self-attention graph too (no (q, kv) graph is written yet)
+    if not bound.conventions.cross_attention or bound.conventions.kv_shared:
         takes_mask = mask_input and bool(bound.conventions.mask)
         wrapper = SelfAttentionWrapper(bound, with_mask=takes_mask).eval()
         x, mask = args[0], args[3] if len(args) > 3 else None

@@ -116,8 +116,7 @@ def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None,
         if weights is not None or target_spec is not None:
             bound = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
             info, params = with_eager(info, bound), bound.params()
-            eager = eager_conventions(bound.conventions.fully_masked, bound.conventions.causal,
-                                      bound.conventions.scale)
+            eager = eager_conventions(bound.conventions)
         else:
             params = params_from_graph(info)
     except (TargetError, ModelError, ValueError) as exc:

@@ -197,6 +197,8 @@ def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
         row.status, row.reason = "crashed while built", answer
     elif answer.get("built"):
         row.status, row.built_as, row.conventions = "built", str(answer["built_as"]), str(answer["conventions"])
+    elif answer.get("wraps"):
+        row.status, row.reason = "wrapper", str(answer.get("reason", ""))
     else:
         row.status, row.reason = "not built", str(answer.get("reason", ""))
 

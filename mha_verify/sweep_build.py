@@ -29,11 +29,30 @@ def build_one(spec: str) -> dict[str, object]:
                    conventions=target.build(*PROBE_SIZES).conventions.describe())
     except TargetError as exc:
         row["reason"] = str(exc)
+        wrapped = _wrapped(spec) if "no adapter recognizes" in str(exc) else []
+        if wrapped:
+            row.update(wraps=wrapped, reason=f"wraps {', '.join(wrapped)} (found on its own) with what the "
+                                            "contract does not have (a residual, a norm, an output block)")
     except (Exception, SystemExit) as exc:  # a library's own error outside our checks: still one row
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         row["reason"] = f"{type(exc).__name__}: {first}"
     row["seconds"] = round(time.perf_counter() - start, 2)
     return row
+
+
+def _wrapped(spec: str) -> list[str]:
+    """The attention layers a class holds as direct children (``BertAttention`` holds
+    ``BertSelfAttention`` and ``BertSelfOutput``: a residual and a LayerNorm around it)."""
+    from mha_verify.properties import construction
+    from mha_verify.properties.loading import load_attr
+    from mha_verify.properties.targets import PROBE_SIZES
+
+    try:
+        cls = load_attr(spec)
+        module = construction.choose(cls, *PROBE_SIZES)[1](*PROBE_SIZES)  # type: ignore[arg-type]
+        return sorted({type(c).__name__ for _, c in module.named_children() if type(c).__name__.endswith("Attention")})
+    except Exception:
+        return []
 
 
 def main() -> int:

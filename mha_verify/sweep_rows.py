@@ -6,8 +6,10 @@ import re
 from dataclasses import dataclass, field
 
 #: statuses of a row; "passed" and "failed" are the gate's verdicts on a built class
-STATUSES = ("not built", "hung while built", "crashed while built", "built", "passed", "failed",
+STATUSES = ("not built", "wrapper", "hung while built", "crashed while built", "built", "passed", "failed",
             "nothing verified", "check timed out", "check crashed", "check usage error")
+#: statuses of a class that was not built with no user code
+UNBUILT = ("not built", "wrapper", "hung while built", "crashed while built")
 
 
 @dataclass
@@ -42,7 +44,7 @@ def totals(rows: list[Row]) -> dict[str, int]:
     """The sweep's counts: found, built (with no user code), verified (a check compared an
     example), passed, failed, and each other status."""
     count = {s: sum(r.status == s for r in rows) for s in STATUSES}
-    built = sum(r.status not in ("not built", "hung while built", "crashed while built", "") for r in rows)
+    built = sum(r.status not in (*UNBUILT, "") for r in rows)
     return {"found": len(rows), "built": built, "verified": sum(r.verified > 0 for r in rows),
             "passed": count["passed"], "failed": count["failed"],
             **{s: n for s, n in count.items() if s not in ("passed", "failed") and n}}

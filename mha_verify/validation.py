@@ -56,7 +56,7 @@ def with_eager(info: Interface, eager: Bound) -> Interface:
     """The model's interface with the eager target's fully_masked and causal where nothing else states
     them (the eager layer is what the model was exported from)."""
     conv = eager.conventions
-    return adopt_conventions(info, eager_conventions(conv.fully_masked, conv.causal, conv.scale), "the eager target")
+    return adopt_conventions(info, eager_conventions(conv), "the eager target")
 
 
 def interface_result(info: Interface, label: str, *, frozen: str = "fail", problems: Sequence[str] = (),

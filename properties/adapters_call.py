@@ -270,27 +270,23 @@ def rotary_of(config: object) -> tuple[Rotary | None, str]:
     return rotary, f"{rotary.describe()} (its config)"
 
 
-_ROTARY_MODULES: weakref.WeakKeyDictionary[nn.Module, nn.Module | None] = weakref.WeakKeyDictionary()
-
-
 def library_rotary(module: nn.Module) -> nn.Module | None:
     """The layer's library's own rotary embedding (``LlamaRotaryEmbedding(config)``: a class named
     ``*RotaryEmbedding`` in the layer's module), built from the layer's config; None if none
-    builds. Its cos and sin are what the model would give the layer, so they are verified too."""
-    if module not in _ROTARY_MODULES:
-        found = None
-        config = getattr(module, "config", None)
-        namespace = vars(sys.modules.get(type(module).__module__, types.ModuleType("none")))
-        candidates = sorted((c for name, c in namespace.items() if name.endswith("RotaryEmbedding")
-                             and inspect.isclass(c) and issubclass(c, nn.Module)), key=lambda c: c.__name__)
-        for cls in candidates if config is not None else ():
-            try:
-                found = cls(config=config)
-                break
-            except Exception:
-                continue
-        _ROTARY_MODULES[module] = found
-    return _ROTARY_MODULES[module]
+    builds. Its cos and sin are what the model would give the layer, so they are verified too.
+
+    Built at every call, never kept: one built while an exporter traces holds fake tensors.
+    """
+    config = getattr(module, "config", None)
+    namespace = vars(sys.modules.get(type(module).__module__, types.ModuleType("none")))
+    candidates = sorted((c for name, c in namespace.items() if name.endswith("RotaryEmbedding")
+                         and inspect.isclass(c) and issubclass(c, nn.Module)), key=lambda c: c.__name__)
+    for cls in candidates if config is not None else ():
+        try:
+            return cls(config=config)
+        except Exception:
+            continue
+    return None
 
 
 def position_embeddings(module: nn.Module, x: torch.Tensor, rotary: Rotary | None,

@@ -196,7 +196,7 @@ def _n_head(module: nn.Module) -> int:
 
 
 class FusedQKVAdapter(StructuralAdapter):
-    """One fused input projection (3D, D), chunked into q, k, v in that order, and an output one."""
+    """One fused input projection (D + 2 Dkv, D), split into q, k, v in that order, and an output one."""
 
     name = "fused_qkv"
     description = "qkv+proj (timm), c_attn+c_proj (nanoGPT, GPT-2 incl. HF Conv1D)"
@@ -214,15 +214,19 @@ class FusedQKVAdapter(StructuralAdapter):
         if names is None:
             return False
         w, _ = weight_bias(getattr(module, names[0]))
-        return w.shape[0] % 3 == 0
+        return w.shape[0] > w.shape[1] and (w.shape[0] - w.shape[1]) % 2 == 0
 
     def params(self, module: nn.Module) -> MHAParams:
         names = self._names(module)
         assert names is not None
-        w, b = weight_bias(getattr(module, names[0]))  # (3D, D): rows q, then k, then v
+        # (D + 2 Dkv, D): rows q (D of them: the output projection's input width), then k, then v;
+        # Dkv = D without grouping (the chunks of 3), fewer with grouped-query attention (Phi-3)
+        w, b = weight_bias(getattr(module, names[0]))
         w_o, b_o = weight_bias(getattr(module, names[1]))
-        w_q, w_k, w_v = w.chunk(3)
-        b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3)
+        d = w_o.shape[1]
+        kv = (w.shape[0] - d) // 2
+        w_q, w_k, w_v = w.split((d, kv, kv))
+        b_q, b_k, b_v = (None, None, None) if b is None else b.split((d, kv, kv))
         return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
 
 

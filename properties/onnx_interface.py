@@ -38,6 +38,7 @@ import torch
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from mha_verify.mha.masks import forms_within
+from mha_verify.mha.rotary import Rotary
 from mha_verify.properties.onnx_heads import n_head_from_graph, op_conventions
 from mha_verify.properties.onnx_reading import (
     Reading,
@@ -46,6 +47,7 @@ from mha_verify.properties.onnx_reading import (
     read_mask_axes,
     read_mask_kind,
 )
+from mha_verify.properties.protocol import Conventions
 
 ROLES = ("q", "k", "v", "x", "mask")
 _ALIASES = {
@@ -193,20 +195,39 @@ class Interface:
         return "\n".join(lines)
 
 
+#: conventions only an eager target states (no file or flag does): keys and values in one argument,
+#: rotary embeddings (``base;interleaved;fraction``)
+EAGER_ONLY = ("kv_shared", "rotary")
+
+
 def adopt_conventions(info: Interface, conventions: dict[str, str], source: str) -> Interface:
     """``info`` with the ``fully_masked`` / ``causal`` / ``scale`` of ``conventions`` (the eager target's) where
-    the file and the declarations state none: one declaration serves both sides."""
+    the file and the declarations state none, and its :data:`EAGER_ONLY` ones: one declaration serves
+    both sides."""
     adopted = dict(info.conventions)
-    for key in ("fully_masked", "causal", "scale"):
+    for key in ("fully_masked", "causal", "scale", *EAGER_ONLY):
         if key not in adopted and key in conventions:
             adopted[key] = (conventions[key], source)
     return dataclasses.replace(info, conventions=adopted)
 
 
-def eager_conventions(fully_masked: str, causal: bool, scale: float | None = None) -> dict[str, str]:
+def eager_conventions(conv: Conventions) -> dict[str, str]:
     """An eager target's conventions in :func:`adopt_conventions`' vocabulary."""
-    out = {"fully_masked": fully_masked, "causal": "true" if causal else "false"}
-    return out if scale is None else {**out, "scale": repr(float(scale))}
+    out = {"fully_masked": conv.fully_masked, "causal": "true" if conv.causal else "false"}
+    if conv.scale is not None:
+        out["scale"] = repr(float(conv.scale))
+    if conv.kv_shared:
+        out["kv_shared"] = "true"
+    if conv.rotary is not None:
+        r = conv.rotary
+        out["rotary"] = f"{r.base!r};{'true' if r.interleaved else 'false'};{r.fraction!r}"
+    return out
+
+
+def rotary_from(text: str) -> Rotary:
+    """:func:`eager_conventions`' ``rotary`` text -> a Rotary (ValueError for any other text)."""
+    base, interleaved, fraction = text.split(";")
+    return Rotary(float(base), interleaved == "true", float(fraction))
 
 
 def parse_input_map(text: str | None) -> dict[str, str]:

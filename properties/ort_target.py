@@ -27,7 +27,7 @@ import torch
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.mask_convert import to_kind, to_shape
-from mha_verify.properties.onnx_interface import Interface, ModelError, read_interface
+from mha_verify.properties.onnx_interface import Interface, ModelError, read_interface, rotary_from
 from mha_verify.properties.onnx_weights import projection_weights
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
@@ -108,6 +108,8 @@ class OrtInstance:
         return Conventions(
             mask=info.mask_types, mask_forms=forms,
             cross_attention=not info.self_attention, weights=False,
+            kv_shared=info.conventions.get("kv_shared", ("false", ""))[0] == "true",
+            rotary=rotary_from(info.conventions["rotary"][0]) if "rotary" in info.conventions else None,
             fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
             causal=info.conventions.get("causal", ("false", ""))[0] == "true",
             scale=float(info.conventions["scale"][0]) if "scale" in info.conventions else None,

@@ -37,7 +37,8 @@ PROJECTIONS: tuple[Projections, ...] = (
     Projections("w_qkvo", "w_q", "w_k", "w_v", ("w_o",), where="seed 000, mha_verify.mha.MultiHeadAttention"),
     Projections("query_key_value", "query", "key", "value", ("fc_out",), where="seed 001"),
     Projections("linear_qkv", "linear_q", "linear_k", "linear_v", ("out",), where="seed 002"),
-    Projections("fused_qkv", None, None, None, ("proj",), fused="qkv", where="timm"),
+    Projections("fused_qkv", None, None, None, ("proj", "projection"), fused="qkv", where="timm; HF BLIP, BLIP-2"),
+    Projections("fused_qkv", None, None, None, ("o_proj",), fused="qkv_proj", where="HF Phi-3 (grouped-query)"),
     Projections("fused_qkv", None, None, None, ("c_proj",), fused="c_attn", where="nanoGPT, GPT-2 (HF Conv1D)"),
     Projections("separate_qkv", "q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "output_proj"),
                 where="HF Llama, Mistral, BART, Whisper; fairseq; torchtune"),
@@ -45,6 +46,7 @@ PROJECTIONS: tuple[Projections, ...] = (
                 where="x-transformers; diffusers (to_out a ModuleList: [Linear, Dropout])"),
     Projections("separate_qkv", "q_lin", "k_lin", "v_lin", ("out_lin",), where="HF DistilBERT"),
     Projections("separate_qkv", "q", "k", "v", ("o",), where="HF T5 and its family"),
+    Projections("separate_qkv", "query", "key", "value", ("out_proj",), where="HF Grounding DINO"),
     Projections("qkv_no_output", "query", "key", "value", (), where="HF BertSelfAttention"),
 )
 

@@ -26,7 +26,7 @@ def sweep(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 def test_classes_are_found_by_reading_the_files_without_importing_them() -> None:
     found = [f.name for f in find_classes(LIB)]
     assert found == ["GoodAttention", "NoScaleAttention", "BrokenAttention", "HangingAttention",
-                     "CrashingAttention", "NotAModuleAttention"]
+                     "CrashingAttention", "WrappedAttention", "NotAModuleAttention"]
     assert "tests.fixtures.fakelib.layers" not in sys.modules  # HangingAttention would hang an import-time scan
 
 
@@ -45,15 +45,16 @@ def test_a_sweep_turns_every_class_into_a_row_and_survives_hangs_and_crashes(tmp
     assert {name: r["status"] for name, r in rows.items()} == {
         "GoodAttention": "passed", "NoScaleAttention": "failed", "BrokenAttention": "not built",
         "HangingAttention": "hung while built", "CrashingAttention": "crashed while built",
-        "NotAModuleAttention": "not built"}
+        "WrappedAttention": "wrapper", "NotAModuleAttention": "not built"}
     assert "raised NotImplementedError: only on the accelerator" in rows["BrokenAttention"]["reason"]
     assert "SIGSEGV" in rows["CrashingAttention"]["reason"]
     assert rows["GoodAttention"]["built_as"] == "GoodAttention(d_model=8, n_head=2)"
     assert "oracle_agreement" in [c for checks in rows["NoScaleAttention"]["causes"].values() for c in checks]
-    assert doc["totals"] == {"found": 6, "built": 2, "verified": 2, "passed": 1, "failed": 1, "not built": 2,
-                             "hung while built": 1, "crashed while built": 1}
+    assert rows["WrappedAttention"]["reason"].startswith("wraps GoodAttention (found on its own)")
+    assert doc["totals"] == {"found": 7, "built": 2, "verified": 2, "passed": 1, "failed": 1, "not built": 2,
+                             "wrapper": 1, "hung while built": 1, "crashed while built": 1}
     table = (out / "sweep.md").read_text()
-    assert "| 6 | 2 | 2 | 1 | 1 | 2 | 1 | 1 |" in table and "`GoodAttention (tests.fixtures.fakelib.layers)`" in table
+    assert "| 7 | 2 | 2 | 1 | 1 | 2 | 1 | 1 | 1 |" in table and "`GoodAttention (tests.fixtures.fakelib.layers)`" in table
 
     # run again into the same folder: every row is kept, nothing is built or checked again
     again = sweep("--out", str(out), "--build-timeout", "20", "--max-examples", "5", timeout=120)
