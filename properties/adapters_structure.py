@@ -162,14 +162,14 @@ class StructuralAdapter(Adapter):
             if not (q is k and k is v) and not is_same_input(q, k, v):
                 raise NotApplicable(f"the target is verified as self-attention: forward({sig.input}, {sig.context}=x)")
             kwargs[sig.context] = k  # torchtune's forward requires y, = x for self-attention
-        elif not (q is k and k is v):
-            if not conv.cross_attention or sig.context is None:
-                if not is_same_input(q, k, v):
-                    raise NotApplicable(f"the target is self-attention only: forward({sig.input})")
-            elif k is v or bool(torch.equal(k, v)):
-                kwargs[sig.context] = k
-            else:
+        elif sig.context is not None and conv.kv_shared and conv.cross_attention:
+            # keys = values always through their argument, q = k = v included: a cross-attention-only
+            # layer (BertCrossAttention) requires it, and for the others it is the self-attention call
+            if k is not v and not bool(torch.equal(k, v)):
                 raise NotApplicable(f"the target takes keys = values ({sig.context}): k and v differ")
+            kwargs[sig.context] = k
+        elif not (q is k and k is v) and not is_same_input(q, k, v):
+            raise NotApplicable(f"the target is self-attention only: forward({sig.input})")
         if sig.mask is not None:
             B, Lq, Lk = q.shape[0], q.shape[1], k.shape[1]
             # a causal layer always gets its causal mask explicitly (ANDed with ours): HF eager and
