@@ -46,3 +46,9 @@ def test_a_scale_stated_in_the_layers_scaling_attribute_is_applied_by_the_oracle
     assert target.build(16, 4).conventions.scale == 1.0
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
     assert result.verdict == verdict, result
+
+
+def test_a_cross_attention_only_layer_gets_its_keys_through_its_argument_even_for_q_equal_k() -> None:
+    target = load_target(FIXTURE + "CrossOnly")  # the call at load is q = k = v: through encoder_hidden_states
+    result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
+    assert result.verdict == "pass" and result.examples >= 5, result
