@@ -112,6 +112,11 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
+        norms = [n for n in recognition.QK_NORMS
+                 if isinstance(getattr(module, n, None), nn.Module) and not isinstance(getattr(module, n), nn.Identity)]
+        if norms:
+            raise ValueError(f"{type(module).__name__} normalizes q and k before the scores ({', '.join(norms)}): "
+                             "a step the oracle does not model, so it cannot be verified yet")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)

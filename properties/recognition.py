@@ -51,6 +51,13 @@ PROJECTIONS: tuple[Projections, ...] = (
 )
 
 
+#: children that normalize q and k per head before the scores (QK-norm: Chameleon, Qwen3, OLMo2,
+#: Gemma 3, diffusers' ``qk_norm``): a step the oracle does not model, so such a layer is refused
+#: with this reason rather than failed
+QK_NORMS = ("q_norm", "k_norm", "query_norm", "key_norm", "q_layernorm", "k_layernorm", "norm_q", "norm_k",
+            "q_ln", "k_ln")
+
+
 def layouts(layout: str) -> tuple[Projections, ...]:
     """The rows of one layout, in matching order."""
     return tuple(p for p in PROJECTIONS if p.layout == layout)

@@ -62,3 +62,9 @@ def test_a_layer_built_from_its_library_config_is_verified() -> None:
     result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + "ToyAttention"),
                           settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples > 0, result
+
+
+def test_a_layer_that_normalizes_q_and_k_is_refused_with_the_reason() -> None:
+    # the oracle has no QK-norm: judged against plain attention it would fail every property falsely
+    with pytest.raises(TargetError, match=r"QKNormed normalizes q and k before the scores \(q_norm\)"):
+        load_target("tests/fixtures/kv_layers.py:QKNormed")
