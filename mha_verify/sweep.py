@@ -53,6 +53,7 @@ class Options:
     build_timeout: float = 120.0
     class_timeout: float = 900.0
     fresh: bool = False
+    retry: bool = False
 
 
 def library_version(library: str) -> str:
@@ -268,6 +269,8 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     (opts.out / "reports").mkdir(exist_ok=True)
     ctx = context(opts)
     previous = {} if opts.fresh else load_previous(opts.out, ctx)
+    if opts.retry:  # judge again what did not end in a verdict on the class itself or a refusal to build
+        previous = {spec: row for spec, row in previous.items() if row.status in ("passed", "not built", "wrapper")}
     rows = [previous.get(f.spec) or Row(f.spec, f.path) for f in found]
     worker: BuildWorker | None = None
     try:

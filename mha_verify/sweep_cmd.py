@@ -38,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--class-timeout", type=positive_seconds, default=900.0,
                     help="seconds for the gate on one class (default 900)")
     sp.add_argument("--fresh", action="store_true", help="judge every class again instead of resuming")
+    sp.add_argument("--retry", action="store_true",
+                    help="resume, judging again every class that failed, timed out, crashed or hung")
     sp.set_defaults(func=run_sweep)
 
 
@@ -60,7 +62,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     opts = Options(args.library, out, profile=args.profile, max_examples=args.max_examples,
                    build_only=args.build_only, match=args.match,
                    sample=args.sample, seed=args.seed, jobs=args.jobs, build_timeout=args.build_timeout,
-                   class_timeout=args.class_timeout, fresh=args.fresh)
+                   class_timeout=args.class_timeout, fresh=args.fresh, retry=args.retry)
     command = "mha-verify " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "mha-verify sweep"
 
     def progress(row: Row) -> None:

@@ -144,10 +144,12 @@ class StructuralAdapter(Adapter):
 
     def _scale(self, module: nn.Module) -> tuple[float | None, str]:
         """The softmax scale the layer states (:func:`adapters_call.layer_scale`), at its head width."""
-        try:
-            head_dim = self.params(module).w_q.shape[0] // _n_head(module)
-        except NotApplicable:
-            return None, ""
+        head_dim = getattr(module, "head_dim", None)  # HF 5.x layers keep head_dim, not their head count
+        if not isinstance(head_dim, int) or isinstance(head_dim, bool):
+            try:
+                head_dim = self.params(module).w_q.shape[0] // _n_head(module)
+            except NotApplicable:
+                return None, ""
         return layer_scale(module, head_dim) if head_dim > 0 else (None, "")
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
