@@ -48,6 +48,7 @@ from mha_verify.properties.adapters_call import (
     detect_causal,
     first_output,
     has_dropout,
+    interleaved_rotary,
     is_same_input,
     layer_scale,
     position_embeddings,
@@ -125,7 +126,8 @@ class StructuralAdapter(Adapter):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
         scale, scale_how = self._scale(module)
-        rotary, rotary_how = rotary_of(getattr(module, "config", None)) if sig.rotary else (None, "")
+        rotary, rotary_how = rotary_of(getattr(module, "config", None), interleaved_rotary(module)) \
+            if sig.rotary else (None, "")
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,

@@ -65,6 +65,15 @@ def test_a_layers_own_rotary_is_verified(layer: str, verdict: str) -> None:
     assert result.verdict == verdict and result.examples >= 5, result
 
 
+@pytest.mark.parametrize(("layer", "verdict"), [("InterleavedRotary", "pass"),
+                                               ("InterleavedAnglesHalvesPairs", "fail")])
+def test_a_rotate_half_of_neighbouring_columns_is_read_as_interleaved(layer: str, verdict: str) -> None:
+    target = load_target("tests/fixtures/rotary_interleaved.py:" + layer)
+    assert target.build(16, 2).conventions.rotary == Rotary(10000.0, interleaved=True)
+    result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
+    assert result.verdict == verdict and result.examples >= 5, result
+
+
 def test_permutations_cannot_apply_under_rotary() -> None:
     result = run_property(all_properties()["query_permutation"], load_target(FIXTURE + "RotaryBidirectional"),
                           settings=QUICK)
