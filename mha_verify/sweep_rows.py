@@ -31,7 +31,7 @@ class Row:
     check_seconds: float = 0.0
 
 
-_NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
+_NUMBER = re.compile(r"(?<![A-Za-z0-9_.])[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
 
 
 def cause_of(reason: str) -> str:
