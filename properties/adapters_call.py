@@ -176,7 +176,8 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
 
     In order: a bool ``is_causal`` attribute (HF, torchtune), a bool ``causal`` attribute
     (x-transformers), a lower-triangular buffer (nanoGPT's ``bias`` on its slow path), a
-    forward whose source calls SDPA with ``is_causal=True`` (nanoGPT's flash path).
+    forward whose source calls SDPA with ``is_causal=True`` (nanoGPT's flash path), or a
+    diffusers processor (``module.processor``) whose ``__call__`` does.
     """
     for attr in ("is_causal", "causal"):
         value = getattr(module, attr, None)
@@ -185,12 +186,16 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
     for name, buf in module.named_buffers(recurse=False):
         if _lower_triangular(buf):
             return True, f"causal from its lower-triangular buffer {name!r}"
-    try:
-        source = inspect.getsource(type(module).forward)
-    except (OSError, TypeError):
-        source = ""
-    if _SDPA_CAUSAL.search(source):
-        return True, "causal from is_causal=True in its forward"
+    # the forward, and a diffusers processor's __call__ (the layer's forward hands the work to it)
+    processor = getattr(module, "processor", None)
+    call = type(processor).__call__ if processor is not None and callable(processor) else None
+    for where, fn in (("its forward", type(module).forward), ("its processor", call)):
+        try:
+            source = inspect.getsource(fn) if fn is not None else ""
+        except (OSError, TypeError):
+            source = ""
+        if _SDPA_CAUSAL.search(source):
+            return True, f"causal from is_causal=True in {where}"
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
 
 

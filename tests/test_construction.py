@@ -68,3 +68,11 @@ def test_a_layer_that_normalizes_q_and_k_is_refused_with_the_reason() -> None:
     # the oracle has no QK-norm: judged against plain attention it would fail every property falsely
     with pytest.raises(TargetError, match=r"QKNormed normalizes q and k before the scores \(q_norm\)"):
         load_target("tests/fixtures/kv_layers.py:QKNormed")
+
+
+def test_causality_stated_in_a_diffusers_style_processor_is_read() -> None:
+    target = load_target("tests/fixtures/kv_layers.py:ProcessorLayer")
+    conv = target.build(8, 2).conventions
+    assert conv.causal and "causal from is_causal=True in its processor" in conv.describe()
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples > 0, result
