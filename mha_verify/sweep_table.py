@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mha_verify.escape import printable
-from mha_verify.sweep_rows import Row
+from mha_verify.sweep_rows import Row, cause_of
 
 
 def _cell(text: str, limit: int = 240) -> str:
@@ -29,6 +29,14 @@ def _what(row: Row) -> str:
     return row.reason or row.built_as
 
 
+def _generic(row: Row) -> str:
+    """A row's reason with its own class named <class> and numbers masked, so that one reason
+    groups the classes it stops."""
+    module, _, name = row.spec.rpartition(":")
+    text = row.reason.replace(row.spec, "<class>").replace(f"{name}.", "<class>.").replace(name, "<class>")
+    return cause_of(text.replace(module, "<module>"))
+
+
 def markdown(rows: list[Row], totals: dict[str, int], context: dict[str, str], command: str) -> str:
     lines = [
         f"# Sweep of {context['library']} {context['library_version']}",
@@ -48,7 +56,7 @@ def markdown(rows: list[Row], totals: dict[str, int], context: dict[str, str], c
         lines += ["## Failure causes (classes)", "", "| classes | cause |", "|---|---|"]
         lines += [f"| {n} | {_cell(cause)} |" for cause, n in causes.most_common()]
         lines.append("")
-    reasons = Counter(_cell(r.reason, 160) for r in rows if r.status == "not built")
+    reasons = Counter(_cell(_generic(r), 160) for r in rows if r.status == "not built")
     if reasons:
         lines += ["## Why classes were not built (classes)", "", "| classes | reason |", "|---|---|"]
         lines += [f"| {n} | {reason} |" for reason, n in reasons.most_common()]
