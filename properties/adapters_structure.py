@@ -128,6 +128,11 @@ class StructuralAdapter(Adapter):
         scale, scale_how = self._scale(module)
         rotary, rotary_how = rotary_of(getattr(module, "config", None), interleaved_rotary(module)) \
             if sig.rotary else (None, "")
+        window = getattr(getattr(module, "config", None), "sliding_window", None)
+        # HF applies a sliding window through the mask its model builds (sdpa, eager), not in the
+        # layer: the layer alone is full (causal) attention, and the report says so
+        window_note = (f"sliding window {window} in its config: not applied (HF builds it into the model's mask); "
+                       "checked as full attention") if isinstance(window, int) and window > 0 else ""
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
@@ -139,7 +144,7 @@ class StructuralAdapter(Adapter):
             dropout=has_dropout(module),
             scale=scale,
             rotary=rotary,
-            notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how) if n),
+            notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how, window_note) if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)
