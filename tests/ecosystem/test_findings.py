@@ -239,3 +239,17 @@ def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_
     assert torch.allclose(by_bool[:, 1], uniform, atol=1e-6)  # where(mask, bias, finfo.min): uniform weights
     assert torch.allclose(by_float[:, 1], torch.zeros(2, 8), atol=1e-6)  # -inf: zero weights, o has no bias
     assert torch.allclose(by_bool[:, [0, 2, 3]], by_float[:, [0, 2, 3]], atol=1e-6)  # the other rows agree
+
+
+def test_pp_ocrv5_server_rec_attention_takes_an_attention_mask_and_ignores_it() -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.pp_ocrv5_server_rec import modeling_pp_ocrv5_server_rec as m
+
+    config = m.PPOCRV5ServerRecConfig()
+    config.hidden_size, config.num_attention_heads = 8, 2
+    layer = m.PPOCRV5ServerRecAttention(config).eval()
+    x, keep = _x(), _fully_masked_row_keep()
+    additive = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
+    with torch.no_grad():
+        masked, unmasked = layer(x, attention_mask=additive)[0], layer(x)[0]
+    assert torch.equal(masked, unmasked)  # row 1 sees no key, yet its output is that of an unmasked row
