@@ -253,3 +253,17 @@ def test_pp_ocrv5_server_rec_attention_takes_an_attention_mask_and_ignores_it() 
     with torch.no_grad():
         masked, unmasked = layer(x, attention_mask=additive)[0], layer(x)[0]
     assert torch.equal(masked, unmasked)  # row 1 sees no key, yet its output is that of an unmasked row
+
+
+def test_step3p7_vision_rotary_runs_in_float32_for_float64_inputs() -> None:
+    pytest.importorskip("transformers")
+    from transformers.models.step3p7.modeling_step3p7 import apply_rotary_pos_emb_vision
+
+    q = torch.randn(1, 5, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # (B, L, H, Hd)
+    angles = torch.linspace(0.1, 2.0, 5 * 4, dtype=torch.float64).reshape(1, 5, 4)
+    cos, sin = angles.cos(), angles.sin()
+    got, _ = apply_rotary_pos_emb_vision(q, q, cos, sin)
+    half = torch.cat((-q[..., 2:], q[..., :2]), dim=-1)
+    exact = q * cos[:, :, None] + half * sin[:, :, None]
+    assert got.dtype == torch.float64
+    assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
