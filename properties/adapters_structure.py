@@ -44,6 +44,7 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.properties import recognition
 from mha_verify.properties.adapters import Adapter, declared_conventions
 from mha_verify.properties.adapters_call import (
+    SCALE_ATTRS,
     MaskFormat,
     detect_causal,
     first_output,
@@ -117,6 +118,10 @@ class StructuralAdapter(Adapter):
                  if isinstance(getattr(module, n, None), nn.Module) and not isinstance(getattr(module, n), nn.Identity)]
         if norms:
             raise ValueError(f"{type(module).__name__} normalizes q and k before the scores ({', '.join(norms)}): "
+                             "a step the oracle does not model, so it cannot be verified yet")
+        learned = [a for a in SCALE_ATTRS if isinstance(getattr(module, a, None), nn.Parameter)]
+        if learned:  # TimesFM: softplus(scaling) per query dimension
+            raise ValueError(f"{type(module).__name__} scales its queries by a learned parameter ({learned[0]}): "
                              "a step the oracle does not model, so it cannot be verified yet")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)

@@ -68,6 +68,8 @@ def test_a_layer_that_normalizes_q_and_k_is_refused_with_the_reason() -> None:
     # the oracle has no QK-norm: judged against plain attention it would fail every property falsely
     with pytest.raises(TargetError, match=r"QKNormed normalizes q and k before the scores \(q_norm\)"):
         load_target("tests/fixtures/kv_layers.py:QKNormed")
+    with pytest.raises(TargetError, match=r"LearnedQueryScale scales its queries by a learned parameter \(scaling\)"):
+        load_target("tests/fixtures/kv_layers.py:LearnedQueryScale")
 
 
 def test_causality_stated_in_a_diffusers_style_processor_is_read() -> None:
