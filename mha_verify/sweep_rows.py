@@ -47,4 +47,4 @@ def totals(rows: list[Row]) -> dict[str, int]:
     built = sum(r.status not in (*UNBUILT, "") for r in rows)
     return {"found": len(rows), "built": built, "verified": sum(r.verified > 0 for r in rows),
             "passed": count["passed"], "failed": count["failed"],
-            **{s: n for s, n in count.items() if s not in ("passed", "failed") and n}}
+            **{s: n for s, n in count.items() if s not in ("passed", "failed", "built") and n}}
