@@ -145,7 +145,7 @@ def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
-def _describe_exit(code: int | None) -> str:
+def describe_exit(code: int | None) -> str:
     if code is None:
         return "did not exit"
     if code < 0:
@@ -235,7 +235,7 @@ class Isolated:
                 self._kill()
         except (EOFError, ConnectionError, OSError):
             self._proc.join(5)
-            failure = f"the worker process {_describe_exit(self._proc.exitcode)} (crash or out of memory)"
+            failure = f"the worker process {describe_exit(self._proc.exitcode)} (crash or out of memory)"
             self._kill()
         return [CheckResult(task.name, task.stage, "fail", seconds=time.perf_counter() - start, reason=failure)]
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from mha_verify.export.atomic import AtomicWriter
+from mha_verify.isolation import describe_exit
 from mha_verify.sweep_classes import Found, find_classes
 from mha_verify.sweep_rows import STATUSES, Row, cause_of, totals
 
@@ -160,15 +161,6 @@ class BuildWorker:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
