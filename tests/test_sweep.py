@@ -50,7 +50,9 @@ def test_a_sweep_turns_every_class_into_a_row_and_survives_hangs_and_crashes(tmp
     assert "raised NotImplementedError: only on the accelerator" in rows["BrokenAttention"]["reason"]
     assert "SIGSEGV" in rows["CrashingAttention"]["reason"]
     assert rows["GoodAttention"]["built_as"] == "GoodAttention(d_model=8, n_head=2)"
-    assert "oracle_agreement" in [c for checks in rows["NoScaleAttention"]["causes"].values() for c in checks]
+    # which checks meet the bug in 5 examples varies with the machine's timing of shrinking: one of these does
+    assert {"oracle_agreement", "head_split", "grad_agreement"} & {
+        c for checks in rows["NoScaleAttention"]["causes"].values() for c in checks}
     assert rows["WrappedAttention"]["reason"].startswith("wraps GoodAttention (found on its own)")
     assert doc["totals"] == {"found": 7, "built": 2, "verified": 2, "passed": 1, "failed": 1, "not built": 2,
                              "wrapper": 1, "hung while built": 1, "crashed while built": 1}
