@@ -17,9 +17,10 @@ from typing import NoReturn
 from mha_verify import __version__
 from mha_verify.arg_types import finite_positive, positive_int, seed
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from mha_verify.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
+from mha_verify.shards import parse_shard
 
-SUBCOMMANDS = ("check", "export", "validate", "sweep", "list")
+SUBCOMMANDS = ("check", "export", "validate", "sweep", "merge", "list")
 
 
 class UsageError(Exception):
@@ -72,6 +73,9 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    help="run checks in this process (faster start; a crash then ends the gate)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="worker processes running checks side by side (default: one per core)")
+    p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
+                   help="run only the I-th of N parts of the checks (the same split on every machine, balanced by "
+                        "their measured cost); `mha-verify merge` combines the parts' --report files")
     p.set_defaults(func=run_check)
 
 
@@ -90,9 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     from mha_verify import export_cmds
 
     export_cmds.add_parsers(sub)
-    from mha_verify import sweep_cmd
+    from mha_verify import merge_cmd, sweep_cmd
 
     sweep_cmd.add_parser(sub)
+    merge_cmd.add_parser(sub)
     return parser
 
 
@@ -120,10 +125,10 @@ def run_check(args: argparse.Namespace) -> int:
         from mha_verify.isolation import start_server
 
         start_server()
-    from mha_verify import baseline, report_html, report_json, report_junit, report_text
+    from mha_verify import baseline, gate_outputs, shards
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS
-    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, probe_target, run_tasks
+    from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, probe_target, run_task_groups
     from mha_verify.properties import profiles
     from mha_verify.properties.protocol import TargetError
     from mha_verify.properties.suite import select
@@ -156,6 +161,9 @@ def run_check(args: argparse.Namespace) -> int:
             Path(args.database).mkdir(parents=True, exist_ok=True)
         if args.bundle_dir:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
+        if args.shard is not None and args.baseline:
+            raise ValueError(f"--baseline compares a whole run, and --shard {args.shard} runs a part of one: "
+                             "run the shards with --report, merge them, then compare")
     except (ValueError, TargetError, OSError) as exc:
         raise UsageError(str(exc)) from None
     print(f"mha-verify {__version__}: checking {spec} with profile {profile}", file=sys.stderr)
@@ -173,6 +181,16 @@ def run_check(args: argparse.Namespace) -> int:
     elif not args.no_export:
         print("mha-verify: --only runs the named properties only: the ONNX export stage is skipped "
               "(run without --only to export)", file=sys.stderr)
+    shard_block = None
+    if args.shard is not None:
+        mine = shards.select([t.name for t in tasks], args.shard)
+        if not mine:
+            raise UsageError(f"--shard {args.shard}: {args.shard.count} shards for {len(tasks)} checks leaves this "
+                             f"one empty; use at most {len(tasks)} shards")
+        print(f"mha-verify: shard {args.shard}: {len(mine)} of {len(tasks)} checks "
+              f"({', '.join(tasks[i].name for i in mine[:4])}{', ...' if len(mine) > 4 else ''})", file=sys.stderr)
+        shard_block = {"index": args.shard.index, "count": args.shard.count, "tasks": [t.name for t in tasks]}
+        tasks = [tasks[i] for i in mine]
     limits = None if args.no_isolation else Limits(timeout=args.timeout)
 
     def progress(name: str) -> None:
@@ -181,24 +199,16 @@ def run_check(args: argparse.Namespace) -> int:
     # longest first (the exports, then the properties that sweep the size boundaries), so that no
     # worker is left alone with a long check at the end
     full = {p.name for p in props if p.reach != "modest"}
-    results = run_tasks(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
-                        rank=lambda t: 0 if t.stage == "export" else 1 if t.name in full else 2)
+    groups = run_task_groups(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
+                             rank=lambda t: 0 if t.stage == "export" else 1 if t.name in full else 2)
+    results = [r for group in groups for r in group]
+    if shard_block is not None:
+        shard_block["mine"] = [[t.name, len(group)] for t, group in zip(tasks, groups, strict=True)]
     if stored is not None:
         results += baseline.compare(results, stored, args.budget)
-    print(printable(report_text.table(results)))
-    print(printable(report_text.failures(results)))
-    print(printable(report_text.summary(results)))
-    # every document is rendered before any is written: a renderer's error leaves no file, and a
-    # write that fails (a full disk) is one line naming the file, after the others were written
-    documents: dict[str, bytes] = {}
-    if "report" in writers:
-        documents["report"] = report_json.dumps(results, target=spec, profile=profile,
-                                                seed=args.seed).encode("utf-8")
-    if "junit" in writers:
-        documents["junit"] = report_junit.document(results, target=spec)
-    if "html" in writers:
-        documents["html"] = report_html.document(results, target=spec, profile=profile,
-                                                 versions=report_json.versions()).encode("utf-8")
+    gate_outputs.print_results(results)
+    documents = gate_outputs.render(results, [k for k in ("report", "junit", "html") if k in writers], target=spec,
+                                    profile=profile, seed=args.seed, shard=shard_block)
     if "baseline" in writers:
         failed = [r.name for r in results if r.failed]
         if failed and not args.baseline_despite_failures:
@@ -207,19 +217,10 @@ def run_check(args: argparse.Namespace) -> int:
                   "--baseline-despite-failures (failed checks then keep their old entries)", file=sys.stderr)
         else:
             documents["baseline"] = baseline.document(results, context, kept).encode("utf-8")
-    unwritten = []
-    for kind, data in documents.items():
-        try:
-            writers[kind].write_bytes(data)
-        except OSError as exc:
-            unwritten.append(f"{writers[kind].path} ({exc.strerror or exc})")
+    unwritten = gate_outputs.write_all(writers, documents)
     if unwritten:
         raise UsageError(f"could not write {', '.join(unwritten)}; the verdicts are printed above")
-    if not any(r.verdict in ("pass", "declared") for r in results):
-        print("mha-verify: nothing was verified: no check passed (every one failed, warned or was not "
-              "applicable); this is not a pass", file=sys.stderr)
-        return EXIT_FAIL
-    return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
+    return gate_outputs.exit_code(results)
 
 
 def run_list(args: argparse.Namespace) -> int:

@@ -257,21 +257,28 @@ def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callabl
     longest the lowest, so that no worker is left with a long task at the end. Results keep
     the order of ``tasks``.
     """
+    groups = run_task_groups(tasks, limits=limits, progress=progress, jobs=jobs, rank=rank)
+    return [r for group in groups for r in group]
+
+
+def run_task_groups(tasks: Sequence[Task], *, limits: Limits | None, progress: Callable[[str], None] | None = None,
+                    jobs: int = 1, rank: Callable[[Task], int] | None = None) -> list[list[CheckResult]]:
+    """:func:`run_tasks`, with the results of each task apart: one list per task, in the order of ``tasks``."""
     from mha_verify import gate
 
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got jobs={jobs!r}")
     if limits is None:
-        results: list[CheckResult] = []
+        groups: list[list[CheckResult]] = []
         for task in tasks:
             if progress:
                 progress(f"{task.stage}/{task.name}")
             try:
-                results += getattr(gate, task.fn)(**task.kwargs)
+                groups.append(list(getattr(gate, task.fn)(**task.kwargs)))
             except (Exception, SystemExit) as exc:  # as the worker reports it: this task's failure
-                results.append(CheckResult(task.name, task.stage, "fail",
-                                           reason=f"the check itself raised {type(exc).__name__}: {exc}"))
-        return results
+                groups.append([CheckResult(task.name, task.stage, "fail",
+                                           reason=f"the check itself raised {type(exc).__name__}: {exc}")])
+        return groups
     jobs = min(jobs, len(tasks)) or 1
     if jobs > 1 and limits.torch_threads is None:
         limits = Limits(limits.timeout, limits.memory_gb, torch_threads=max(1, default_jobs() // jobs))
@@ -311,7 +318,7 @@ def run_tasks(tasks: Sequence[Task], *, limits: Limits | None, progress: Callabl
             t.start()
         for t in threads:
             t.join()
-    return [r for i in range(len(tasks)) for r in done[i]]
+    return [done[i] for i in range(len(tasks))]
 
 
 def probe(fn: str, kwargs: dict[str, Any], *, what: str, timeout: float | None = None) -> str:

@@ -32,9 +32,11 @@ def providers() -> list[str]:
         return []
 
 
-def document(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None) -> dict[str, Any]:
+def document(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None,
+             shard: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report; ``shard`` (a part of a sharded run, see :mod:`mha_verify.merge`) is kept as given."""
     verdicts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "warn", "declared", "n/a")}
-    return {
+    out: dict[str, Any] = {
         "tool": "mha-verify",
         "target": target,
         "profile": profile,
@@ -45,7 +47,11 @@ def document(results: Sequence[CheckResult], *, target: str, profile: str, seed:
         "providers": providers(),
         "results": [r.to_json() for r in results],
     }
+    if shard is not None:
+        out["shard"] = shard
+    return out
 
 
-def dumps(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None) -> str:
-    return json.dumps(document(results, target=target, profile=profile, seed=seed), indent=2) + "\n"
+def dumps(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None,
+          shard: dict[str, Any] | None = None) -> str:
+    return json.dumps(document(results, target=target, profile=profile, seed=seed, shard=shard), indent=2) + "\n"

@@ -36,6 +36,7 @@ from typing import Any
 
 from mha_verify.export.atomic import AtomicWriter
 from mha_verify.isolation import describe_exit
+from mha_verify.shards import Shard
 from mha_verify.sweep_classes import Found, find_classes
 from mha_verify.sweep_rows import STATUSES, Row, cause_of, totals
 
@@ -55,6 +56,7 @@ class Options:
     class_timeout: float = 900.0
     fresh: bool = False
     retry: bool = False
+    shard: Shard | None = None
 
 
 def library_version(library: str) -> str:
@@ -80,6 +82,16 @@ def select(found: list[Found], opts: Options) -> list[Found]:
         keep = set(random.Random(opts.seed).sample(range(len(chosen)), opts.sample))
         chosen = [f for i, f in enumerate(chosen) if i in keep]
     return chosen
+
+
+def shard_of(chosen: list[Found], shard: Shard) -> list[Found]:
+    """The classes of ``shard``: every N-th in file order, from the I-th.
+
+    A class's cost is unknown until it is built (2 s to refuse, 15 minutes to time out), so the
+    shards are balanced by count; dealing them out in file order spreads each model family (files
+    of one family sit together, and cost alike) over every shard.
+    """
+    return [f for i, f in enumerate(chosen) if i % shard.count == shard.index - 1]
 
 
 def load_previous(out: Path, ctx: dict[str, str]) -> dict[str, Row]:
@@ -237,13 +249,22 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
             "causes": causes, "check_seconds": seconds}
 
 
-def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str) -> None:
+def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str,
+          shard: dict[str, Any] | None = None) -> None:
+    """sweep.json and sweep.md into ``opts.out``; ``shard``: the part of a sharded sweep this is."""
+    write_table(opts.out, rows, ctx, command, shard)
+
+
+def write_table(out: Path, rows: list[Row], ctx: dict[str, str], command: str,
+                shard: dict[str, Any] | None = None) -> None:
     from mha_verify.sweep_table import markdown
 
-    doc = {"format": FORMAT, "context": ctx, "command": command, "totals": totals(rows),
-           "rows": [asdict(r) for r in rows]}
-    AtomicWriter(opts.out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
-    AtomicWriter(opts.out / "sweep.md").write_text(markdown(rows, totals(rows), ctx, command))
+    doc: dict[str, Any] = {"format": FORMAT, "context": ctx, "command": command, "totals": totals(rows),
+                           "rows": [asdict(r) for r in rows]}
+    if shard is not None:
+        doc["shard"] = shard
+    AtomicWriter(out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+    AtomicWriter(out / "sweep.md").write_text(markdown(rows, totals(rows), ctx, command))
 
 
 def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lambda r: None) -> list[Row]:
@@ -257,6 +278,14 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     if not found:
         raise ValueError(f"no attention class of {opts.library} matches"
                          + (f" --match {opts.match!r}" if opts.match else ""))
+    shard = None
+    if opts.shard is not None:
+        everything = len(found)
+        shard = {"index": opts.shard.index, "count": opts.shard.count, "specs": [f.spec for f in found]}
+        found = shard_of(found, opts.shard)
+        if not found:
+            raise ValueError(f"--shard {opts.shard}: {opts.shard.count} shards for {everything} classes "
+                             f"leaves this one empty; use at most {everything} shards")
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "reports").mkdir(exist_ok=True)
     ctx = context(opts)
@@ -271,7 +300,7 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
                 continue
             worker = worker if worker is not None and worker.proc.poll() is None else BuildWorker()
             build_row(worker, row, opts.build_timeout)
-            write(rows, opts, ctx, command)
+            write(rows, opts, ctx, command, shard)
             progress(row)
     finally:
         if worker is not None:
@@ -285,9 +314,9 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
                 row = futures[future]
                 for key, value in future.result().items():
                     setattr(row, key, value)
-                write(rows, opts, ctx, command)
+                write(rows, opts, ctx, command, shard)
                 progress(row)
-    write(rows, opts, ctx, command)
+    write(rows, opts, ctx, command, shard)
     return rows
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from mha_verify.arg_types import positive_int, positive_seconds, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from mha_verify.shards import parse_shard
+from mha_verify.sweep_rows import Row
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,6 +42,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--fresh", action="store_true", help="judge every class again instead of resuming")
     sp.add_argument("--retry", action="store_true",
                     help="resume, judging again every class that failed, timed out, crashed or hung")
+    sp.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
+                    help="judge only the I-th of N parts of the classes (every N-th, the same on every machine); "
+                         "`mha-verify merge --out DIR PART/sweep.json ...` makes the one table")
     sp.set_defaults(func=run_sweep)
 
 
@@ -52,7 +57,6 @@ def run_sweep(args: argparse.Namespace) -> int:
     """Catches its own usage errors (as ``export_cmds``: ``cli.UsageError`` is another class when
     the CLI runs as ``python -m mha_verify.cli``)."""
     from mha_verify.sweep import Options, sweep
-    from mha_verify.sweep_rows import Row, totals
 
     if not args.out:
         return _usage("--out is an empty path")
@@ -62,7 +66,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     opts = Options(args.library, out, profile=args.profile, max_examples=args.max_examples,
                    build_only=args.build_only, match=args.match,
                    sample=args.sample, seed=args.seed, jobs=args.jobs, build_timeout=args.build_timeout,
-                   class_timeout=args.class_timeout, fresh=args.fresh, retry=args.retry)
+                   class_timeout=args.class_timeout, fresh=args.fresh, retry=args.retry, shard=args.shard)
     command = "mha-verify " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "mha-verify sweep"
 
     def progress(row: Row) -> None:
@@ -72,11 +76,18 @@ def run_sweep(args: argparse.Namespace) -> int:
         rows = sweep(opts, command=command, progress=progress)
     except (ValueError, OSError) as exc:
         return _usage(str(exc))
+    return report(rows, out, build_only=args.build_only)
+
+
+def report(rows: list[Row], out: Path, *, build_only: bool) -> int:
+    """Print the totals and where the table is; the exit code (also ``merge``'s for sweeps)."""
+    from mha_verify.sweep_rows import totals
+
     total = totals(rows)
     print(", ".join(f"{k} {v}" for k, v in total.items()))
     print(f"table: {out / 'sweep.md'}")
     bad = total["failed"] + sum(total.get(s, 0) for s in ("check timed out", "check crashed", "nothing verified",
                                                            "hung while built", "crashed while built"))
-    if args.build_only:
+    if build_only:
         return EXIT_OK if total["built"] else EXIT_FAIL
     return EXIT_FAIL if bad or not total["verified"] else EXIT_OK

@@ -50,8 +50,45 @@ class CheckResult:
                 out[key] = str(value)
         return out
 
+    @classmethod
+    def from_json(cls, data: object) -> CheckResult:
+        """The CheckResult that :meth:`to_json` wrote, read as data: every field's type is checked
+        and a bad one is a ValueError naming it (a report is a user's file, not ours).
+
+        >>> r = CheckResult("x", "properties", "pass", worst_error=float("inf"))
+        >>> CheckResult.from_json(r.to_json()) == r
+        True
+        """
+        if not isinstance(data, dict):
+            raise ValueError(f"a result must be a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - set(_FIELD_TYPES))
+        if unknown:
+            raise ValueError(f"a result has unknown fields {unknown[:5]}")
+        missing = [k for k in ("name", "stage", "verdict") if k not in data]
+        if missing:
+            raise ValueError(f"a result lacks {missing}")
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            kinds = _FIELD_TYPES[key]
+            special = key in ("worst_error", "allowed") and value in ("inf", "-inf", "nan")
+            whole = key in ("worst_error", "allowed", "seconds") and isinstance(value, int) and \
+                not isinstance(value, bool)
+            if special or whole:
+                value = float(value)
+            if not isinstance(value, kinds) or isinstance(value, bool):
+                raise ValueError(f"result field {key!r} has the wrong type: {type(value).__name__}")
+            out[key] = value
+        return cls(**out)
+
     def __str__(self) -> str:
         err = "" if self.worst_error is None else f", worst error {self.worst_error:.3g}"
         tol = "" if self.allowed is None else f" (allowed {self.allowed:.3g})"
         why = f": {self.reason}" if self.reason else ""
         return f"{self.stage}/{self.name}: {self.verdict} after {self.examples} examples{err}{tol}{why}"
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,), "stage": (str,), "verdict": (str,), "examples": (int,), "worst_error": (float, type(None)),
+    "allowed": (float, type(None)), "seconds": (float,), "counterexample": (str, type(None)),
+    "replay": (str, type(None)), "reason": (str, type(None)), "details": (dict,),
+}

@@ -1,0 +1,201 @@
+"""The parts of a sharded run put back together: the report one run would have written.
+
+A part is the JSON report of ``mha-verify check --shard I/N --report PART.json``. Its ``shard``
+block names every task of the whole run in the single run's order (``tasks``) and, for its own
+tasks, how many results each gave (``mine``: ``[[name, count], ...]``, in the part's order).
+:func:`merge_checks` checks that the parts are one run's (same target, profile, seed, versions
+and task list; every index 1..N exactly once; every task in exactly one part) and returns the
+results in the single run's order. Reports are users' files: read as data, every field checked,
+and a part that does not fit is a ValueError naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mha_verify.properties.results import CheckResult
+
+#: a part larger than this is refused before it is parsed (a report of the whole suite is ~1 MB)
+MAX_PART_BYTES = 256 * 1024 * 1024
+#: what must be equal in every part of one run
+SAME = ("target", "profile", "seed", "versions")
+
+
+@dataclass(frozen=True)
+class Part:
+    """One shard's report, checked."""
+
+    path: str
+    index: int
+    count: int
+    tasks: tuple[str, ...]
+    mine: tuple[tuple[str, int], ...]
+    header: dict[str, Any]
+    results: tuple[CheckResult, ...]
+
+
+@dataclass(frozen=True)
+class Merged:
+    target: str
+    profile: str
+    seed: int | None
+    versions: dict[str, str]
+    results: list[CheckResult]
+
+
+def read_json(path: str) -> Any:
+    """The JSON document at ``path``, or a ValueError naming the file."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise ValueError(f"{path!r} is not a file")
+        if p.stat().st_size > MAX_PART_BYTES:
+            raise ValueError(f"{path!r} is larger than {MAX_PART_BYTES} bytes")
+        return json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path!r} is not a JSON report: {exc}") from None
+
+
+def _int(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{what} must be an integer, got {value!r}"[:200])
+    return value
+
+
+def read_part(path: str, doc: Any) -> Part:
+    """``doc`` (read from ``path``) as a Part; ValueError naming the file and what is wrong."""
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{path!r}: {what}")
+
+    if not isinstance(doc, dict) or doc.get("tool") != "mha-verify" or not isinstance(doc.get("results"), list):
+        raise bad("not an mha-verify check report")
+    shard = doc.get("shard")
+    if not isinstance(shard, dict):
+        raise bad("not the report of a shard (no 'shard' block: it was run without --shard I/N)")
+    try:
+        index, count = _int(shard.get("index"), "shard.index"), _int(shard.get("count"), "shard.count")
+        tasks, mine = shard.get("tasks"), shard.get("mine")
+        if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
+            raise ValueError("shard.tasks must be a list of task names")
+        if not isinstance(mine, list) or not all(
+                isinstance(m, list) and len(m) == 2 and isinstance(m[0], str) for m in mine):
+            raise ValueError("shard.mine must be a list of [task name, result count]")
+        owned = tuple((m[0], _int(m[1], f"the result count of {m[0]!r}")) for m in mine)
+        results = tuple(CheckResult.from_json(r) for r in doc["results"])
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if not 1 <= index <= count:
+        raise bad(f"shard index {index} is not in 1..{count}")
+    if sum(n for _, n in owned) != len(results):
+        raise bad(f"its tasks account for {sum(n for _, n in owned)} results, it holds {len(results)}")
+    if any(name not in tasks for name, _ in owned):
+        raise bad("it ran a task its own task list does not name")
+    header = {key: doc.get(key) for key in SAME}
+    return Part(path, index, count, tuple(tasks), owned, header, results)
+
+
+def merge_checks(parts: list[Part]) -> Merged:
+    """The single run's results from its ``parts`` (any order); ValueError if they are not one whole run."""
+    if not parts:
+        raise ValueError("no part to merge")
+    first = parts[0]
+    for part in parts[1:]:
+        for key in SAME:
+            if part.header[key] != first.header[key]:
+                raise ValueError(f"{part.path!r} and {first.path!r} differ in {key}: "
+                                 f"{part.header[key]!r} vs {first.header[key]!r}"[:400])
+        if part.count != first.count:
+            raise ValueError(f"{part.path!r} is a shard of {part.count}, {first.path!r} of {first.count}")
+        if part.tasks != first.tasks:
+            raise ValueError(f"{part.path!r} and {first.path!r} split different task lists "
+                             "(another mha-verify version, --only or --no-export?)")
+    seen: dict[int, str] = {}
+    for part in parts:
+        if part.index in seen:
+            raise ValueError(f"shard {part.index}/{part.count} is given twice: {seen[part.index]!r} and {part.path!r}")
+        seen[part.index] = part.path
+    missing = [i for i in range(1, first.count + 1) if i not in seen]
+    if missing:
+        raise ValueError(f"shards {', '.join(f'{i}/{first.count}' for i in missing[:10])} are missing: "
+                         "merge every part of the run")
+    by_task: dict[str, list[CheckResult]] = {}
+    for part in parts:
+        at = 0
+        for name, n in part.mine:
+            if name in by_task:
+                raise ValueError(f"task {name!r} was run by two shards (the second: {part.path!r})")
+            by_task[name] = list(part.results[at:at + n])
+            at += n
+    lost = [t for t in first.tasks if t not in by_task]
+    if lost:
+        raise ValueError(f"no part ran the tasks {lost[:5]}: the parts are not one whole run")
+    seed = first.header["seed"]
+    versions = first.header["versions"]
+    if not isinstance(first.header["target"], str) or not isinstance(first.header["profile"], str) \
+            or not (seed is None or isinstance(seed, int)) or not isinstance(versions, dict):
+        raise ValueError(f"{first.path!r}: target, profile, seed or versions has the wrong type")
+    return Merged(first.header["target"], first.header["profile"], seed,
+                  {str(k): str(v) for k, v in versions.items()},
+                  [r for name in first.tasks for r in by_task[name]])
+
+
+def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str], str]:
+    """The rows (in the single sweep's order), context and command of a sharded sweep's parts:
+    ``(path, sweep.json document)`` each. ValueError if they are not one whole sweep."""
+    from mha_verify.sweep import FORMAT
+    from mha_verify.sweep_rows import STATUSES, Row
+
+    parts = []
+    for path, doc in docs:
+        shard = doc.get("shard") if isinstance(doc, dict) else None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("rows"), list):
+            raise ValueError(f"{path!r}: not an mha-verify sweep.json")
+        if not isinstance(shard, dict) or not isinstance(shard.get("specs"), list) \
+                or not all(isinstance(s, str) for s in shard["specs"]):
+            raise ValueError(f"{path!r}: not the table of a shard (no 'shard' block: swept without --shard I/N)")
+        index, count = _int(shard.get("index"), "shard.index"), _int(shard.get("count"), "shard.count")
+        if not isinstance(doc.get("context"), dict) or not isinstance(doc.get("command"), str):
+            raise ValueError(f"{path!r}: its context or command is missing")
+        rows = []
+        for item in doc["rows"]:
+            if not isinstance(item, dict):
+                raise ValueError(f"{path!r}: a row is not an object")
+            try:
+                row = Row(**{k: item[k] for k in Row.__dataclass_fields__ if k in item})
+            except TypeError as exc:
+                raise ValueError(f"{path!r}: a row does not fit: {exc}") from None
+            if not isinstance(row.spec, str) or row.status not in STATUSES or row.spec not in shard["specs"]:
+                raise ValueError(f"{path!r}: row {str(row.spec)[:80]!r} has an unknown status or class")
+            rows.append(row)
+        parts.append((path, index, count, tuple(shard["specs"]), doc["context"], rows))
+    if not parts:
+        raise ValueError("no part to merge")
+    path0, _, count0, specs0, ctx0, _ = parts[0]
+    seen: dict[int, str] = {}
+    by_spec: dict[str, Any] = {}
+    for path, index, count, specs, ctx, rows in parts:
+        if (count, specs) != (count0, specs0):
+            raise ValueError(f"{path!r} and {path0!r} split different class lists or shard counts")
+        if ctx != ctx0:
+            raise ValueError(f"{path!r} and {path0!r} differ in library, versions or profile: "
+                             f"{ctx!r} vs {ctx0!r}"[:400])
+        if not 1 <= index <= count or index in seen:
+            raise ValueError(f"shard {index}/{count} is out of range or given twice ({path!r})")
+        seen[index] = path
+        for row in rows:
+            if row.spec in by_spec:
+                raise ValueError(f"class {row.spec!r} was judged by two shards (the second: {path!r})")
+            by_spec[row.spec] = row
+    missing = [i for i in range(1, count0 + 1) if i not in seen]
+    if missing:
+        raise ValueError(f"shards {', '.join(f'{i}/{count0}' for i in missing[:10])} are missing: "
+                         "merge every part of the sweep")
+    lost = [s for s in specs0 if s not in by_spec]
+    if lost:
+        raise ValueError(f"no part judged the classes {lost[:3]}: a shard stopped early (run it again to resume)")
+    return [by_spec[s] for s in specs0], {str(k): str(v) for k, v in ctx0.items()}, str(parts[0][0])
