@@ -57,8 +57,9 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--junit", metavar="FILE.xml", default=None, help="write JUnit XML (one testcase per check)")
     p.add_argument("--html", metavar="FILE.html", default=None,
                    help="write a self-contained HTML report (error histograms, weight heatmaps)")
-    p.add_argument("--database", metavar="DIR", default=None,
-                   help="Hypothesis example database: failures found once are replayed first next time")
+    p.add_argument("--database", metavar="DIR|URL", default=None,
+                   help="Hypothesis example database: failures found once are replayed first next time, by every "
+                        "run that shares it: a folder (local or shared storage) or redis://host:port/db")
     p.add_argument("--baseline", metavar="FILE.json", default=None,
                    help="worst errors per check: stored if FILE does not exist, else held against this run")
     p.add_argument("--budget", type=finite_positive, default=2.0,
@@ -115,8 +116,10 @@ def _replay_command(args: argparse.Namespace, name: str) -> str:
         parts += ["--seed", str(args.seed)]
     if args.dtype != "float32":
         parts += ["--dtype", args.dtype]
-    if args.database:  # the stored counterexample replays first
-        parts += ["--database", args.database]
+    if args.database:  # the stored counterexample replays first; a URL's password is not written into reports
+        from mha_verify.properties.databases import redact
+
+        parts += ["--database", redact(args.database)]
     return shlex.join(parts)
 
 
@@ -129,7 +132,7 @@ def run_check(args: argparse.Namespace) -> int:
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS
     from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, probe_target, run_task_groups
-    from mha_verify.properties import profiles
+    from mha_verify.properties import databases, profiles
     from mha_verify.properties.protocol import TargetError
     from mha_verify.properties.suite import select
     from mha_verify.properties.targets import load_target
@@ -158,7 +161,7 @@ def run_check(args: argparse.Namespace) -> int:
                 kept = baseline.previous(args.baseline) if Path(args.baseline).is_file() else {}
                 writers["baseline"] = AtomicWriter(args.baseline)
         if args.database:
-            Path(args.database).mkdir(parents=True, exist_ok=True)
+            databases.prepare(args.database)
         if args.bundle_dir:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
         if args.shard is not None and args.baseline:

@@ -4,15 +4,16 @@ by mha_verify.isolation, or in-process), and the Hypothesis settings they share.
 from __future__ import annotations
 
 from hypothesis import settings as Settings
-from hypothesis.database import DirectoryBasedExampleDatabase
 
 from mha_verify.properties import profiles
+from mha_verify.properties.databases import open_database
 from mha_verify.properties.results import CheckResult
 from mha_verify.properties.targets import load_target
 
 
 def make_settings(profile: str, *, max_examples: int | None = None, database: str | None = None) -> Settings:
-    """The profile's settings, with an example count override and an example database.
+    """The profile's settings, with an example count override and an example database (a
+    folder or a Redis URL, see :mod:`mha_verify.properties.databases`).
 
     Hypothesis forbids a database with derandomize=True, so with ``database`` the ci profile
     becomes random generation from a fixed seed (see ``seed_for``): as deterministic, and
@@ -22,7 +23,7 @@ def make_settings(profile: str, *, max_examples: int | None = None, database: st
     if max_examples is not None:
         settings = Settings(settings, max_examples=max_examples)
     if database is not None:
-        settings = Settings(settings, derandomize=False, database=DirectoryBasedExampleDatabase(database))
+        settings = Settings(settings, derandomize=False, database=open_database(database))
     return settings
 
 

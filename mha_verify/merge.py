@@ -147,7 +147,7 @@ def merge_checks(parts: list[Part]) -> Merged:
 def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str], str]:
     """The rows (in the single sweep's order), context and command of a sharded sweep's parts:
     ``(path, sweep.json document)`` each. ValueError if they are not one whole sweep."""
-    from mha_verify.sweep import FORMAT
+    from mha_verify.sweep import CONTEXT_KEYS, FORMAT
     from mha_verify.sweep_rows import STATUSES, Row
 
     parts = []
@@ -159,8 +159,10 @@ def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str]
                 or not all(isinstance(s, str) for s in shard["specs"]):
             raise ValueError(f"{path!r}: not the table of a shard (no 'shard' block: swept without --shard I/N)")
         index, count = _int(shard.get("index"), "shard.index"), _int(shard.get("count"), "shard.count")
-        if not isinstance(doc.get("context"), dict) or not isinstance(doc.get("command"), str):
-            raise ValueError(f"{path!r}: its context or command is missing")
+        ctx = doc.get("context")
+        if not isinstance(ctx, dict) or set(ctx) != set(CONTEXT_KEYS) or \
+                not all(isinstance(v, str) for v in ctx.values()) or not isinstance(doc.get("command"), str):
+            raise ValueError(f"{path!r}: its context (the keys {', '.join(CONTEXT_KEYS)}) or command is missing")
         rows = []
         for item in doc["rows"]:
             if not isinstance(item, dict):

@@ -66,8 +66,11 @@ def library_version(library: str) -> str:
         return "unknown"
 
 
+CONTEXT_KEYS = ("library", "library_version", "mha_verify", "torch", "profile", "max_examples")
+
+
 def context(opts: Options) -> dict[str, str]:
-    """What a stored row is valid for: reused only when all of it matches."""
+    """What a stored row is valid for (:data:`CONTEXT_KEYS`): reused only when all of it matches."""
     from mha_verify import __version__
 
     return {"library": opts.library, "library_version": library_version(opts.library),
@@ -263,8 +266,9 @@ def write_table(out: Path, rows: list[Row], ctx: dict[str, str], command: str,
                            "rows": [asdict(r) for r in rows]}
     if shard is not None:
         doc["shard"] = shard
+    table = markdown(rows, totals(rows), ctx, command)  # both rendered before either is written
     AtomicWriter(out / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
-    AtomicWriter(out / "sweep.md").write_text(markdown(rows, totals(rows), ctx, command))
+    AtomicWriter(out / "sweep.md").write_text(table)
 
 
 def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lambda r: None) -> list[Row]:
