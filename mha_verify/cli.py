@@ -20,7 +20,7 @@ from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from mha_verify.shards import parse_shard
 
-SUBCOMMANDS = ("check", "export", "validate", "sweep", "merge", "list")
+SUBCOMMANDS = ("check", "export", "validate", "sweep", "merge", "search", "list")
 
 
 class UsageError(Exception):
@@ -95,10 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     from mha_verify import export_cmds
 
     export_cmds.add_parsers(sub)
-    from mha_verify import merge_cmd, sweep_cmd
+    from mha_verify import merge_cmd, search_cmd, sweep_cmd
 
     sweep_cmd.add_parser(sub)
     merge_cmd.add_parser(sub)
+    search_cmd.add_parser(sub)
     return parser
 
 

@@ -51,6 +51,37 @@ def property_check(*, target_spec: str | None, adapter: str | None, name: str, p
                          seed=seed_for(profile, seed, database), replay=replay, dtype=getattr(torch, dtype))]
 
 
+def search_round(*, target_spec: str | None, adapter: str | None, name: str, max_examples: int, database: str,
+                 seed: int, threads: int = 1, dtype: str = "float32") -> list[CheckResult]:
+    """One round of a continuous search (:mod:`mha_verify.search`): property ``name``, ``max_examples``
+    random examples drawn from ``seed``, the stored failures of ``database`` replayed first and
+    every new one saved there. Runs where a search engine's worker calls it, with ``threads`` of torch."""
+    import warnings
+
+    import torch
+    from hypothesis.errors import HypothesisDeprecationWarning
+
+    torch.set_num_threads(threads)
+    # the engine's own threads (a Dask worker's heartbeat) use the random module while Hypothesis
+    # draws, which it takes for a strategy using it; the examples are drawn as in any other check
+    warnings.filterwarnings("ignore", "Do not use the `random` module inside strategies",
+                            HypothesisDeprecationWarning)
+    return property_check(target_spec=target_spec, adapter=adapter, name=name, profile="thorough",
+                          max_examples=max_examples, database=database, seed=seed, dtype=dtype,
+                          replay=_search_replay(target_spec, adapter, name, database))
+
+
+def _search_replay(target_spec: str | None, adapter: str | None, name: str, database: str) -> str:
+    import shlex
+
+    from mha_verify.properties.databases import redact
+
+    parts = ["mha-verify", "check", "--no-export", "--only", name, "--database", redact(database)]
+    parts += ["--target", target_spec] if target_spec else []
+    parts += ["--adapter", adapter] if adapter else []
+    return shlex.join(parts)
+
+
 def export_checks(*, target_spec: str | None, adapter: str | None, profile: str, max_examples: int | None,
                   database: str | None, bundle_dir: str | None,
                   exporters: tuple[str, ...] | None = None) -> list[CheckResult]:

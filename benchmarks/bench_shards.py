@@ -1,0 +1,105 @@
+"""The gate's wall time against workers and shards, measured side by side in one run.
+
+    python -m benchmarks.bench_shards [--target SPEC] [--profile ci] [--shards 2,3] [--repeat 1]
+
+Runs, one after another (never two configurations at once):
+
+- one process, ``--jobs 1``; one process, ``--jobs 2`` (this machine's cores);
+- N shards (``--shard I/N --jobs 1``) started together as N processes, standing in for N
+  machines (each gets its share of the cores: OMP_NUM_THREADS = cores // N), then
+  ``mha-verify merge`` of their reports (checked to give the single run's verdicts).
+
+and prints each wall time and its ratio to ``--jobs 1``. Then the model of N real machines,
+from this run's own figures: a machine's wall time is its fixed start (the process, imports, the
+target's probe: measured as the ``--jobs 1`` wall less its checks' seconds) plus the seconds of
+the checks its shard holds (the split ``--shard`` makes, priced at this run's measured seconds
+per check). It stops falling when one check (the dynamo export) is a shard of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from mha_verify.shards import Shard, select
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _task(result: dict[str, object]) -> str:
+    """The gate task a result belongs to: a property, or one exporter's export and validation."""
+    name = str(result["name"])
+    return name if result["stage"] != "export" else "export-" + name.split("-")[0]
+
+
+def _gate(args: list[str]) -> list[str]:
+    return [sys.executable, "-m", "mha_verify.cli", "check", *args]
+
+
+def _run_together(cmds: list[list[str]], threads: int | None = None) -> tuple[float, list[int]]:
+    """Wall time of ``cmds`` started together; ``threads``: torch's threads in each (OMP_NUM_THREADS),
+    so that N processes standing in for N machines share the cores instead of each taking all."""
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {}))
+    start = time.perf_counter()
+    procs = [subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for c in cmds]
+    codes = [p.wait() for p in procs]
+    return time.perf_counter() - start, codes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default=None, help="the target (default: the reference)")
+    parser.add_argument("--profile", default="ci")
+    parser.add_argument("--shards", default="2,3", help="shard counts to run as processes side by side")
+    args = parser.parse_args(argv)
+    base = ["--profile", args.profile] + (["--target", args.target] if args.target else [])
+    rows: list[tuple[str, float]] = []
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        single = Path(tmp) / "single.json"
+        wall1, _ = _run_together([_gate([*base, "--jobs", "1", "--report", str(single)])])
+        rows.append(("1 process, --jobs 1", wall1))
+        doc = json.loads(single.read_text())
+        seconds: dict[str, float] = {}
+        for r in doc["results"]:
+            seconds[_task(r)] = seconds.get(_task(r), 0.0) + float(r["seconds"])
+        wall2, _ = _run_together([_gate([*base, "--jobs", "2"])])
+        rows.append(("1 process, --jobs 2", wall2))
+        for n in (int(x) for x in args.shards.split(",")):
+            parts = [str(Path(tmp) / f"p{n}-{i}.json") for i in range(1, n + 1)]
+            wall, _ = _run_together([_gate([*base, "--jobs", "1", "--shard", f"{i}/{n}", "--report", parts[i - 1]])
+                                         for i in range(1, n + 1)], threads=max(1, cores // n))
+            merged = Path(tmp) / f"m{n}.json"
+            proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "merge", *parts, "--report", str(merged)],
+                                  cwd=ROOT, capture_output=True, text=True)
+            same = [(r["name"], r["verdict"]) for r in json.loads(merged.read_text())["results"]] == \
+                [(r["name"], r["verdict"]) for r in doc["results"]] if proc.returncode in (0, 1) else False
+            rows.append((f"{n} shards as {n} processes, {max(1, cores // n)} thread(s) each "
+                         f"(merged: {'same verdicts' if same else 'DIFFERENT'})", wall))
+    print(f"gate on {args.target or 'the reference'}, profile {args.profile}, {cores} cores, "
+          "one configuration at a time")
+    for label, wall in rows:
+        print(f"  {label:72s} {wall:7.1f} s   {wall1 / wall:5.2f}x")
+    checks = sum(seconds.values())
+    start = max(0.0, wall1 - checks)
+    names = list(seconds)
+    print(f"\nmodel of N machines: start {start:.1f} s + the largest shard's checks "
+          f"(checks {checks:.1f} s in all; longest {max(seconds, key=seconds.__getitem__)} "
+          f"{max(seconds.values()):.1f} s)")
+    for n in range(1, 9):
+        loads = [sum(seconds[names[i]] for i in select(names, Shard(s, n)))
+                 for s in range(1, min(n, len(names)) + 1)]
+        print(f"  N={n}: {start + max(loads):6.1f} s   {wall1 / (start + max(loads)):5.2f}x   "
+              f"(shards {', '.join(f'{x:.0f}' for x in loads)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
