@@ -57,6 +57,7 @@ class Options:
     fresh: bool = False
     retry: bool = False
     shard: Shard | None = None
+    costs: Path | None = None
 
 
 def library_version(library: str) -> str:
@@ -87,14 +88,40 @@ def select(found: list[Found], opts: Options) -> list[Found]:
     return chosen
 
 
-def shard_of(chosen: list[Found], shard: Shard) -> list[Found]:
-    """The classes of ``shard``: every N-th in file order, from the I-th.
+def shard_of(chosen: list[Found], shard: Shard, costs: dict[str, float] | None = None) -> list[Found]:
+    """The classes of ``shard``.
 
-    A class's cost is unknown until it is built (2 s to refuse, 15 minutes to time out), so the
-    shards are balanced by count; dealing them out in file order spreads each model family (files
-    of one family sit together, and cost alike) over every shard.
+    With ``costs`` (seconds per class, as an earlier sweep measured them: :func:`measured_costs`),
+    longest first (:func:`mha_verify.shards.select`; a class it does not name costs its median).
+    Without, a class's cost is unknown until it is built (2 s to refuse, 15 minutes to time out):
+    every N-th class in file order, from the I-th, which spreads each model family (files of one
+    family sit together, and cost alike) over every shard.
     """
+    if costs:
+        from mha_verify.shards import expected_cost
+        from mha_verify.shards import select as select_shard
+
+        specs = [f.spec for f in chosen]
+        return [chosen[i] for i in select_shard(specs, shard, [expected_cost(s, costs) for s in specs])]
     return [f for i, f in enumerate(chosen) if i % shard.count == shard.index - 1]
+
+
+def measured_costs(path: Path) -> dict[str, float]:
+    """Seconds per class (build and check) of the sweep.json at ``path``; ValueError if it is not one."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--costs {str(path)!r} cannot be read as a sweep.json: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("rows"), list):
+        raise ValueError(f"--costs {str(path)!r} is not an mha-verify sweep.json")
+    costs: dict[str, float] = {}
+    for row in doc["rows"]:
+        if isinstance(row, dict) and isinstance(row.get("spec"), str):
+            seconds = [x for x in (row.get("build_seconds"), row.get("check_seconds"))
+                       if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e7]
+            if len(seconds) == 2:
+                costs[row["spec"]] = float(sum(seconds))
+    return costs
 
 
 def load_previous(out: Path, ctx: dict[str, str]) -> dict[str, Row]:
@@ -286,7 +313,7 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     if opts.shard is not None:
         everything = len(found)
         shard = {"index": opts.shard.index, "count": opts.shard.count, "specs": [f.spec for f in found]}
-        found = shard_of(found, opts.shard)
+        found = shard_of(found, opts.shard, measured_costs(opts.costs) if opts.costs else None)
         if not found:
             raise ValueError(f"--shard {opts.shard}: {opts.shard.count} shards for {everything} classes "
                              f"leaves this one empty; use at most {everything} shards")

@@ -45,6 +45,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
                     help="judge only the I-th of N parts of the classes (every N-th, the same on every machine); "
                          "`mha-verify merge --out DIR PART/sweep.json ...` makes the one table")
+    sp.add_argument("--costs", metavar="SWEEP.json", default=None,
+                    help="with --shard: balance the shards by each class's seconds in an earlier sweep.json "
+                         "(the same file on every machine); without it, every N-th class")
     sp.set_defaults(func=run_sweep)
 
 
@@ -60,13 +63,16 @@ def run_sweep(args: argparse.Namespace) -> int:
 
     if not args.out:
         return _usage("--out is an empty path")
+    if args.costs is not None and args.shard is None:
+        return _usage("--costs balances shards: give it with --shard I/N")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         return _usage(f"--out {args.out!r} exists and is not a folder")
     opts = Options(args.library, out, profile=args.profile, max_examples=args.max_examples,
                    build_only=args.build_only, match=args.match,
                    sample=args.sample, seed=args.seed, jobs=args.jobs, build_timeout=args.build_timeout,
-                   class_timeout=args.class_timeout, fresh=args.fresh, retry=args.retry, shard=args.shard)
+                   class_timeout=args.class_timeout, fresh=args.fresh, retry=args.retry, shard=args.shard,
+                   costs=Path(args.costs) if args.costs else None)
     command = "mha-verify " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "mha-verify sweep"
 
     def progress(row: Row) -> None:

@@ -74,6 +74,24 @@ def test_sweep_shards_deal_classes_in_file_order() -> None:
     assert sorted((f.spec for p in parts for f in p), key=lambda s: int(s.split(":A")[1])) == [f.spec for f in found]
 
 
+def test_sweep_shards_by_measured_costs(tmp_path: Path) -> None:
+    """With an earlier sweep's seconds, the one slow class is a shard of its own."""
+    from mha_verify.sweep import measured_costs
+
+    found = [Found(f"lib.m{i}:A{i}", f"m{i}.py") for i in range(6)]
+    earlier = _sweep_part(1, 1, [f.spec for f in found], [f.spec for f in found])
+    for i, row in enumerate(earlier["rows"]):
+        row["build_seconds"], row["check_seconds"] = 1.0, 900.0 if i == 0 else 10.0
+    (tmp_path / "sweep.json").write_text(json.dumps(earlier))
+    costs = measured_costs(tmp_path / "sweep.json")
+    assert costs["lib.m0:A0"] == 901.0
+    assert [f.spec for f in shard_of(found, Shard(1, 2), costs)] == ["lib.m0:A0"]
+    assert len(shard_of(found, Shard(2, 2), costs)) == 5
+    (tmp_path / "bad.json").write_text("[]")
+    with pytest.raises(ValueError, match="not an mha-verify sweep.json"):
+        measured_costs(tmp_path / "bad.json")
+
+
 def test_sharded_check_merges_into_the_single_run(tmp_path: Path) -> None:
     """Three shards as three processes, against a mutant that fails some checks: the merged JSON,
     JUnit and exit code are the single run's."""
