@@ -95,8 +95,10 @@ def attention(
             in float32 that moves every weight by ~1e-3 where exp(score - max) / sum is exact.
         kernel: the output from torch's fused ``scaled_dot_product_attention`` in q's dtype instead,
             on the same (rotated) heads and mask: another correct implementation, blocked, whose
-            backward recomputes the weights from a stored logsumexp. Where a row is fully
-            masked the plain formula's output is kept (the fused kernel's convention there is its own).
+            backward recomputes the weights from a stored logsumexp. Fully masked rows take the plain
+            formula's output (the kernel's convention there is its own); every other row is the
+            kernel's, whatever the rest of the batch holds (one fully masked item must not turn a
+            whole batch's draw into the plain formula: the kernel's error is what calibrates).
     Returns:
         (output (..., Lq, Hv), weights (..., Lq, Lk)).
     """
@@ -131,8 +133,10 @@ def attention(
     else:
         normalized = e / torch.where(has_key, total, torch.ones_like(total))
     weights = torch.where(has_key, normalized, masked_rows)
-    if kernel and bool(has_key.all()):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), weights
+    if kernel:  # every row through the fused kernel, as a layer calling it does; fully masked rows keep
+        # the plain formula's output (torch.where selects: no gradient flows from the other branch)
+        fused = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        return torch.where(has_key, fused, weights @ v), weights
     return weights @ v, weights
 
 

@@ -63,3 +63,23 @@ def test_multi_head_matches_torch_multihead_attention() -> None:
     out, w = multi_head(q, k, v, p, 3, keep)
     torch.testing.assert_close(out, expected.detach(), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(w, expected_w.detach(), rtol=1e-10, atol=1e-10)
+
+
+def test_kernel_draw_is_the_kernel_beside_a_fully_masked_item() -> None:
+    """One fully masked batch item once turned the whole kernel draw into the plain formula, and
+    grad_agreement failed the reference (SDPA's CPU flash backward) on the other items: the
+    draw must be the kernel's, output and gradient, on every row that has a key."""
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(4, 1, 2, 2, generator=g) for _ in range(3))
+    q[2] *= 100.0  # a saturated softmax: the kernel's backward rounds where the formula is exact
+    bias = torch.zeros(4, 1, 1, 2)
+    bias[2, ..., 1] = -1500.0
+    bias[3] = float("-inf")  # item 3: no key at all
+    v.requires_grad_(True)
+    got, _ = attention(q, k, v, bias, kernel=True)
+    (dv_got,) = torch.autograd.grad(got[:3].sum(), v)
+    vk = v.detach().clone().requires_grad_(True)
+    fused = F.scaled_dot_product_attention(q[:3], k[:3], vk[:3], attn_mask=bias[:3])
+    (dv_fused,) = torch.autograd.grad(fused.sum(), vk)
+    assert torch.equal(got[:3], fused) and torch.equal(dv_got[:3], dv_fused[:3])
+    assert torch.equal(got[3], torch.zeros_like(got[3])) and bool(torch.isfinite(dv_got).all())
