@@ -1,6 +1,7 @@
 """The gate's wall time against workers and shards, measured side by side in one run.
 
-    python -m benchmarks.bench_shards [--target SPEC] [--profile ci] [--shards 2,3] [--repeat 1]
+    python -m benchmarks.bench_shards [--target SPEC] [--profile ci] [--shards 2,3]
+    python -m benchmarks.bench_shards --sweep LIBRARY --match REGEX [--shards 2]
 
 Runs, one after another (never two configurations at once):
 
@@ -9,7 +10,9 @@ Runs, one after another (never two configurations at once):
   machines (each gets its share of the cores: OMP_NUM_THREADS = cores // N), then
   ``mha-verify merge`` of their reports (checked to give the single run's verdicts).
 
-and prints each wall time and its ratio to ``--jobs 1``. Then the model of N real machines,
+and prints each wall time and its ratio to ``--jobs 1``. With ``--sweep`` the same for
+``mha-verify sweep LIBRARY --match REGEX`` (its classes judged one at a time, two at a time, and
+as N shards merged into one table, checked to give the same status per class). Then the model of N real machines,
 from this run's own figures: a machine's wall time is its fixed start (the process, imports, the
 target's probe: measured as the ``--jobs 1`` wall less its checks' seconds) plus the seconds of
 the checks its shard holds (the split ``--shard`` makes, priced at this run's measured seconds
@@ -53,12 +56,48 @@ def _run_together(cmds: list[list[str]], threads: int | None = None) -> tuple[fl
     return time.perf_counter() - start, codes
 
 
+def _sweep(library: str, match: str, shard_counts: list[int]) -> int:
+    cores = len(os.sched_getaffinity(0))
+    rows: list[tuple[str, float]] = []
+
+    def sweep(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "mha_verify.cli", "sweep", library, "--match", match, "--out", str(out), *extra]
+
+    def statuses(folder: Path) -> list[tuple[str, str]]:
+        return [(r["spec"], r["status"]) for r in json.loads((folder / "sweep.json").read_text())["rows"]]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        wall1, _ = _run_together([sweep(base / "j1", "--jobs", "1")])
+        rows.append(("1 process, --jobs 1", wall1))
+        one = statuses(base / "j1")
+        wall2, _ = _run_together([sweep(base / "j2", "--jobs", "2")])
+        rows.append((f"1 process, --jobs 2 (same statuses: {statuses(base / 'j2') == one})", wall2))
+        for n in shard_counts:
+            wall, _ = _run_together([sweep(base / f"s{n}-{i}", "--jobs", "1", "--shard", f"{i}/{n}")
+                                     for i in range(1, n + 1)], threads=max(1, cores // n))
+            subprocess.run([sys.executable, "-m", "mha_verify.cli", "merge", "--out", str(base / f"m{n}"),
+                            *(str(base / f"s{n}-{i}" / "sweep.json") for i in range(1, n + 1))],
+                           cwd=ROOT, capture_output=True, text=True)
+            same = (base / f"m{n}" / "sweep.json").exists() and statuses(base / f"m{n}") == one
+            rows.append((f"{n} shards as {n} processes, {max(1, cores // n)} thread(s) each (merged: "
+                         f"{'same statuses' if same else 'DIFFERENT'})", wall))
+    print(f"sweep {library} --match {match!r}: {len(one)} classes, {cores} cores, one configuration at a time")
+    for label, wall in rows:
+        print(f"  {label:72s} {wall:7.1f} s   {wall1 / wall:5.2f}x")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=None, help="the target (default: the reference)")
     parser.add_argument("--profile", default="ci")
     parser.add_argument("--shards", default="2,3", help="shard counts to run as processes side by side")
+    parser.add_argument("--sweep", metavar="LIBRARY", default=None, help="time `mha-verify sweep LIBRARY` instead")
+    parser.add_argument("--match", default=None, help="with --sweep: the classes to sweep (a regular expression)")
     args = parser.parse_args(argv)
+    if args.sweep:
+        return _sweep(args.sweep, args.match or ".", [int(x) for x in args.shards.split(",")])
     base = ["--profile", args.profile] + (["--target", args.target] if args.target else [])
     rows: list[tuple[str, float]] = []
     cores = len(os.sched_getaffinity(0))

@@ -273,7 +273,10 @@ def _search(
             return exc
         return None
 
-    # distinct example-database keys per check and target, so a failure replays first next time
+    # distinct example-database keys per check and target, so a failure replays first next time;
+    # each boundary case has its own: its examples are drawn by another strategy, and a failure it
+    # stored, replayed through the random phase's strategy, would be another example
+    unkeyed = settings
     settings = keyed(settings, f"{name}|{key}")
     # The random examples first, then every boundary case of the sizes (two examples each): a
     # short derandomized run would otherwise reach only some of them. Random first, so that a
@@ -289,7 +292,8 @@ def _search(
         with forced_size_case(case):
             swept = strategy_fn(run_conv)
         assert not isinstance(swept, str)
-        found = run(swept, Settings(settings, max_examples=SWEEP_EXAMPLES), f"{case[0]}={case[1]}")
+        phase = f"{case[0]}={case[1]}"
+        found = run(swept, Settings(keyed(unkeyed, f"{name}|{key}|{phase}"), max_examples=SWEEP_EXAMPLES), phase)
         if found is not None and not isinstance(found, Unsatisfiable):
             error = found
             break
