@@ -238,6 +238,12 @@ def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
         row.status, row.reason = "not built", str(answer.get("reason", ""))
 
 
+def _cores() -> int:
+    from mha_verify.isolation import default_jobs
+
+    return default_jobs()
+
+
 def check_row(row: Row, opts: Options) -> dict[str, Any]:
     """Run the gate on one built class: the row's new fields, from its JSON report (returned, not
     set: the table is written from the main thread while other classes run)."""
@@ -248,9 +254,15 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
            "--jobs", "1", "--report", str(report), "--no-export"]
     if opts.max_examples is not None:
         cmd += ["--max-examples", str(opts.max_examples)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if opts.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # classes judged side by side share the cores: torch's threads in each would otherwise be
+        # one per core, and two checks' spinning thread pools on 2 cores made a sweep 2.2x slower
+        # than judging one class at a time (benchmarks/bench_shards.py --sweep)
+        env["OMP_NUM_THREADS"] = str(max(1, _cores() // opts.jobs))
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            env=env)
     try:
         _, err = proc.communicate(timeout=opts.class_timeout)
     except subprocess.TimeoutExpired:
