@@ -26,6 +26,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -238,6 +239,18 @@ def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
         row.status, row.reason = "not built", str(answer.get("reason", ""))
 
 
+_RUNNING: set[subprocess.Popen[bytes]] = set()  # the checks running now, each in its own process group
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_checks() -> None:
+    """Kill every running check's process group (what the sweep does when it is interrupted)."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill_group(proc)
+
+
 def _cores() -> int:
     from mha_verify.isolation import default_jobs
 
@@ -263,12 +276,17 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
                             env=env)
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
     try:
         _, err = proc.communicate(timeout=opts.class_timeout)
     except subprocess.TimeoutExpired:
         _kill_group(proc)
         return {"status": "check timed out", "reason": f"the gate ran past {opts.class_timeout:g} s",
                 "check_seconds": round(time.perf_counter() - start, 1)}
+    finally:
+        with _RUNNING_LOCK:
+            _RUNNING.discard(proc)
     seconds = round(time.perf_counter() - start, 1)
     lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
     if proc.returncode == 2:
@@ -351,7 +369,8 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     if not opts.build_only:
         todo = [r for r in rows if r.status == "built"]
 
-        with ThreadPoolExecutor(max_workers=max(1, opts.jobs)) as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, opts.jobs))
+        try:
             futures = {pool.submit(check_row, row, opts): row for row in todo}
             for future in as_completed(futures):
                 row = futures[future]
@@ -359,6 +378,14 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
                     setattr(row, key, value)
                 write(rows, opts, ctx, command, shard)
                 progress(row)
+        except BaseException:
+            # Ctrl-C or SIGTERM (CI cancelling): end the checks now. Leaving the pool's `with`
+            # waited for every running check, up to --class-timeout each, and the sweep ignored
+            # the signal for that long
+            pool.shutdown(wait=False, cancel_futures=True)
+            stop_checks()
+            raise
+        pool.shutdown()
     write(rows, opts, ctx, command, shard)
     return rows
 

@@ -86,3 +86,27 @@ def test_a_library_that_is_not_installed_is_a_usage_error(tmp_path: Path) -> Non
     proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "sweep", "no_such_library", "--out",
                            str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "is not installed as a package here" in proc.stderr, proc.stderr
+
+
+@pytest.mark.deep  # a build, then a check stopped in its stride: ~30 s
+def test_sigterm_ends_the_sweep_and_its_running_checks(tmp_path: Path) -> None:
+    """CI cancels with SIGTERM: the sweep ends within seconds, its checks with it, instead of
+    waiting for every running check (up to --class-timeout each)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "mha_verify.cli", "sweep", LIB, "--match", "GoodAttention",
+                             "--out", str(tmp_path / "s"), "--profile", "thorough", "--jobs", "2"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the class is built; its check starts next
+        if "built" in line and "GoodAttention" in line:
+            break
+    time.sleep(5)
+    proc.send_signal(signal.SIGTERM)
+    start = time.perf_counter()
+    code = proc.wait(timeout=60)
+    assert code == 143 and time.perf_counter() - start < 30, (code, proc.stderr.read())
+    left = subprocess.run(["pgrep", "-f", f"check --target {LIB}.layers:GoodAttention"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
