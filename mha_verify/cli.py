@@ -193,7 +193,8 @@ def run_check(args: argparse.Namespace) -> int:
                              f"one empty; use at most {len(tasks)} shards")
         print(f"mha-verify: shard {args.shard}: {len(mine)} of {len(tasks)} checks "
               f"({', '.join(tasks[i].name for i in mine[:4])}{', ...' if len(mine) > 4 else ''})", file=sys.stderr)
-        shard_block = {"index": args.shard.index, "count": args.shard.count, "tasks": [t.name for t in tasks]}
+        shard_block = {"index": args.shard.index, "count": args.shard.count, "tasks": [t.name for t in tasks],
+                       "options": {"dtype": args.dtype, "max_examples": args.max_examples}}
         tasks = [tasks[i] for i in mine]
     limits = None if args.no_isolation else Limits(timeout=args.timeout)
 

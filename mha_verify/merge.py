@@ -96,6 +96,7 @@ def read_part(path: str, doc: Any) -> Part:
     if any(name not in tasks for name, _ in owned):
         raise bad("it ran a task its own task list does not name")
     header = {key: doc.get(key) for key in SAME}
+    header["options"] = shard.get("options")  # --dtype, --max-examples: what the task list does not show
     return Part(path, index, count, tuple(tasks), owned, header, results)
 
 
@@ -105,7 +106,7 @@ def merge_checks(parts: list[Part]) -> Merged:
         raise ValueError("no part to merge")
     first = parts[0]
     for part in parts[1:]:
-        for key in SAME:
+        for key in (*SAME, "options"):
             if part.header[key] != first.header[key]:
                 raise ValueError(f"{part.path!r} and {first.path!r} differ in {key}: "
                                  f"{part.header[key]!r} vs {first.header[key]!r}"[:400])

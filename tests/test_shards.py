@@ -127,9 +127,10 @@ def test_sharded_check_merges_into_the_single_run(tmp_path: Path) -> None:
 
 
 def _part(index: int, count: int, tasks: list[str], mine: list[str], *, target: str = "t:A",
-          verdict: str = "pass") -> dict[str, Any]:
+          verdict: str = "pass", dtype: str = "float32") -> dict[str, Any]:
     results = [CheckResult(n, "properties", verdict, examples=5) for n in mine]
-    shard = {"index": index, "count": count, "tasks": tasks, "mine": [[n, 1] for n in mine]}
+    shard = {"index": index, "count": count, "tasks": tasks, "mine": [[n, 1] for n in mine],
+             "options": {"dtype": dtype, "max_examples": None}}
     return report_json.document(results, target=target, profile="ci", seed=None, shard=shard)
 
 
@@ -145,6 +146,7 @@ NOT_ONE_RUN = {
     "missing-shard": ({"1.json": WHOLE["1.json"]}, "shards 2/2 are missing"),
     "shard-twice": ({**WHOLE, "3.json": WHOLE["2.json"]}, "shard 2/2 is given twice"),
     "another-target": ({**WHOLE, "2.json": _part(2, 2, TASKS, ["b"], target="u:B")}, "differ in target"),
+    "another-dtype": ({**WHOLE, "2.json": _part(2, 2, TASKS, ["b"], dtype="float16")}, "differ in options"),
     "another-task-list": ({**WHOLE, "2.json": _part(2, 2, [*TASKS, "d"], ["b", "d"])}, "different task lists"),
     "task-run-twice": ({**WHOLE, "2.json": _part(2, 2, TASKS, ["b", "c"])}, "run by two shards"),
     "task-lost": ({**WHOLE, "2.json": _part(2, 2, TASKS, [])}, r"no part ran the tasks \['b'\]"),
