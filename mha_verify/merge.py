@@ -67,6 +67,32 @@ def _int(value: object, what: str) -> int:
     return value
 
 
+def _number(x: object) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) or x in ("inf", "-inf", "nan")
+
+
+def check_details(details: dict[str, Any]) -> None:
+    """The ``details`` the reports render have the shapes the runner writes (a part is a user's
+    file: a string where a list belongs must be a usage error, not a renderer's traceback)."""
+    ratios = details.get("error_ratios", [])
+    if not isinstance(ratios, list) or not all(_number(x) for x in ratios):
+        raise ValueError("details.error_ratios must be a list of numbers")
+    notes = details.get("hypothesis", [])
+    if not isinstance(notes, list) or not all(isinstance(x, str) for x in notes):
+        raise ValueError("details.hypothesis must be a list of strings")
+    heatmap = details.get("heatmap")
+    if heatmap is not None:
+        weights = heatmap.get("weights") if isinstance(heatmap, dict) else None
+        if not isinstance(heatmap, dict) or not isinstance(heatmap.get("source"), str) or \
+                not isinstance(weights, list) or not all(
+                    isinstance(head, list) and all(isinstance(row, list) and all(_number(x) for x in row)
+                                                   for row in head) for head in weights):
+            raise ValueError("details.heatmap must be {source: text, weights: (heads, rows, keys) of numbers}")
+    for key in ("checked", "unchecked"):
+        if key in details and (not isinstance(details[key], int) or isinstance(details[key], bool)):
+            raise ValueError(f"details.{key} must be an integer")
+
+
 def read_part(path: str, doc: Any) -> Part:
     """``doc`` (read from ``path``) as a Part; ValueError naming the file and what is wrong."""
     def bad(what: str) -> ValueError:
@@ -87,6 +113,8 @@ def read_part(path: str, doc: Any) -> Part:
             raise ValueError("shard.mine must be a list of [task name, result count]")
         owned = tuple((m[0], _int(m[1], f"the result count of {m[0]!r}")) for m in mine)
         results = tuple(CheckResult.from_json(r) for r in doc["results"])
+        for r in results:
+            check_details(r.details)
     except ValueError as exc:
         raise bad(str(exc)) from None
     if not 1 <= index <= count:

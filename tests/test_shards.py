@@ -158,6 +158,9 @@ NOT_ONE_RUN = {
     "hostile-field": ({**WHOLE, "2.json": {**WHOLE["2.json"], "results": [{"name": "b", "stage": "properties",
                                                                               "verdict": "pass", "__class__": 1}]}},
                       "unknown fields"),
+    "hostile-details": ({**WHOLE, "2.json": {**WHOLE["2.json"], "results": [{
+        "name": "b", "stage": "properties", "verdict": "fail", "details": {"heatmap": [1, 2]}}]}},
+        r"details\.heatmap must be"),
     "miscounted": ({**WHOLE, "2.json": {**WHOLE["2.json"], "results": []}}, "account for 1 results, it holds 0"),
 }
 
