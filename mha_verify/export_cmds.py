@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mha_verify.arg_types import finite_positive, positive_int, positive_seconds, seed
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
 from mha_verify.properties.results import CheckResult
 
 if TYPE_CHECKING:
@@ -33,11 +33,6 @@ def format_results(results: Sequence[CheckResult]) -> str:
     from mha_verify import report_text
 
     return "\n".join((report_text.table(results), report_text.failures(results), report_text.summary(results)))
-
-
-def _usage(message: str) -> int:
-    print(printable(f"mha-verify: error: {message}"), file=sys.stderr)
-    return EXIT_USAGE
 
 
 def _providers(text: str) -> list[str]:
@@ -83,7 +78,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.weights is not None:
             load_weights(bound, args.weights, dtype)
     except (TargetError, ModelError, ValueError, TypeError, OSError) as exc:
-        return _usage(str(exc))
+        return usage_error(str(exc))
     try:
         with atomic_path(out) as tmp:
             exported = export_onnx(bound, tmp, exporter=args.exporter, opset=opset, dtype=dtype,
@@ -101,8 +96,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     print(f"wrote {out}")
     return EXIT_OK
-
-
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -160,7 +153,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if args.bundle_dir:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (TargetError, ModelError, ValueError, OSError) as exc:
-        return _usage(str(exc))
+        return usage_error(str(exc))
     print(printable(info.describe()))
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,

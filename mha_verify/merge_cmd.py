@@ -9,8 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_USAGE
+from mha_verify.exit_codes import usage_error
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,11 +27,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     mp.set_defaults(func=run_merge)
 
 
-def _usage(message: str) -> int:
-    print(printable(f"mha-verify: error: {message}"), file=sys.stderr)
-    return EXIT_USAGE
-
-
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -47,10 +41,10 @@ def run_merge(args: argparse.Namespace) -> int:
     outputs = {k: getattr(args, k) for k in ("report", "junit", "html", "out") if getattr(args, k) is not None}
     for kind, path in outputs.items():
         if path == "":
-            return _usage(f"--{kind} is an empty path")
+            return usage_error(f"--{kind} is an empty path")
         for part in args.parts:  # a merged file never replaces one of its own parts
             if _same_file(path, part) or (kind == "out" and _same_file(os.path.join(path, "sweep.json"), part)):
-                return _usage(f"--{kind} {path!r} is one of the parts being merged; write the merge elsewhere")
+                return usage_error(f"--{kind} {path!r} is one of the parts being merged; write the merge elsewhere")
     try:
         docs = [(p, merge.read_json(p)) for p in args.parts]
         sweeps = [isinstance(d, dict) and "format" in d for _, d in docs]
@@ -66,7 +60,7 @@ def run_merge(args: argparse.Namespace) -> int:
         writers = {kind: AtomicWriter(path) for kind, path in outputs.items()}
         providers = next(d.get("providers") for _, d in docs)
     except (ValueError, OSError) as exc:
-        return _usage(str(exc))
+        return usage_error(str(exc))
     print(f"mha-verify: merged {len(docs)} shards of {merged.target} with profile {merged.profile}", file=sys.stderr)
     gate_outputs.print_results(merged.results)
     documents = gate_outputs.render(
@@ -75,7 +69,7 @@ def run_merge(args: argparse.Namespace) -> int:
         providers=[str(p) for p in providers] if isinstance(providers, list) else None)
     unwritten = gate_outputs.write_all(writers, documents)
     if unwritten:
-        return _usage(f"could not write {', '.join(unwritten)}; the verdicts are printed above")
+        return usage_error(f"could not write {', '.join(unwritten)}; the verdicts are printed above")
     return gate_outputs.exit_code(merged.results)
 
 

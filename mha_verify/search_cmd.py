@@ -8,7 +8,7 @@ import sys
 
 from mha_verify.arg_types import positive_int, positive_seconds, seed
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_USAGE
+from mha_verify.exit_codes import usage_error
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -38,11 +38,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=run_search)
 
 
-def _usage(message: str) -> int:
-    print(printable(f"mha-verify: error: {message}"), file=sys.stderr)
-    return EXIT_USAGE
-
-
 def run_search(args: argparse.Namespace) -> int:
     from mha_verify import gate_outputs
     from mha_verify.export.atomic import AtomicWriter
@@ -53,7 +48,7 @@ def run_search(args: argparse.Namespace) -> int:
     from mha_verify.search import SearchOptions, search
 
     if args.workers is not None and args.scheduler is not None:
-        return _usage("--workers sizes the local cluster and --scheduler names another one: give one of them")
+        return usage_error("--workers sizes the local cluster and --scheduler names another one: give one of them")
     try:
         names = [n.strip() for n in args.only.split(",") if n.strip()] if args.only is not None else None
         if names == []:
@@ -67,7 +62,7 @@ def run_search(args: argparse.Namespace) -> int:
         writers = {kind: AtomicWriter(path) for kind, path in
                    (("report", args.report), ("junit", args.junit), ("html", args.html)) if path}
     except (ValueError, TargetError, OSError) as exc:
-        return _usage(str(exc))
+        return usage_error(str(exc))
     chosen_seed = args.seed if args.seed is not None else secrets.randbelow(2**32)
     opts = SearchOptions(args.target, args.adapter, args.database, args.seconds, tuple(p.name for p in props),
                          workers=args.workers or default_jobs(), scheduler=args.scheduler, examples=args.examples,
@@ -79,11 +74,11 @@ def run_search(args: argparse.Namespace) -> int:
     try:
         results = search(opts, log=lambda line: print(printable(line), file=sys.stderr, flush=True))
     except ValueError as exc:
-        return _usage(str(exc))
+        return usage_error(str(exc))
     gate_outputs.print_results(results)
     documents = gate_outputs.render(results, list(writers), target=spec, profile=f"search {args.examples}/round",
                                     seed=chosen_seed)
     unwritten = gate_outputs.write_all(writers, documents)
     if unwritten:
-        return _usage(f"could not write {', '.join(unwritten)}; the verdicts are printed above")
+        return usage_error(f"could not write {', '.join(unwritten)}; the verdicts are printed above")
     return gate_outputs.exit_code(results)

@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 
 from mha_verify.arg_types import positive_int, positive_seconds, seed
-from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
 from mha_verify.shards import parse_shard
 from mha_verify.sweep_rows import Row
 
@@ -51,23 +50,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.set_defaults(func=run_sweep)
 
 
-def _usage(message: str) -> int:
-    print(printable(f"mha-verify: error: {message}"), file=sys.stderr)
-    return EXIT_USAGE
-
-
 def run_sweep(args: argparse.Namespace) -> int:
     """Catches its own usage errors (as ``export_cmds``: ``cli.UsageError`` is another class when
     the CLI runs as ``python -m mha_verify.cli``)."""
     from mha_verify.sweep import Options, sweep
 
     if not args.out:
-        return _usage("--out is an empty path")
+        return usage_error("--out is an empty path")
     if args.costs is not None and args.shard is None:
-        return _usage("--costs balances shards: give it with --shard I/N")
+        return usage_error("--costs balances shards: give it with --shard I/N")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
-        return _usage(f"--out {args.out!r} exists and is not a folder")
+        return usage_error(f"--out {args.out!r} exists and is not a folder")
     opts = Options(args.library, out, profile=args.profile, max_examples=args.max_examples,
                    build_only=args.build_only, match=args.match,
                    sample=args.sample, seed=args.seed, jobs=args.jobs, build_timeout=args.build_timeout,
@@ -81,7 +75,7 @@ def run_sweep(args: argparse.Namespace) -> int:
     try:
         rows = sweep(opts, command=command, progress=progress)
     except (ValueError, OSError) as exc:
-        return _usage(str(exc))
+        return usage_error(str(exc))
     return report(rows, out, build_only=args.build_only)
 
 
