@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from mha_verify.mha.masks import FULLY_MASKED, additive_mask, causal_keep
-from mha_verify.mha.rotary import Rotary
+from mha_verify.mha.scoring import TEXTBOOK, Scoring
 
 
 class MHAParams(NamedTuple):
@@ -73,17 +73,18 @@ def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-    *, scale: float | None = None, rotary: Rotary | None = None, causal: bool = False, fully_masked: str = "zeros",
-    via_lse: bool = False, kernel: bool = False,
+    *, scoring: Scoring = TEXTBOOK, bias: torch.Tensor | None = None, causal: bool = False,
+    fully_masked: str = "zeros", via_lse: bool = False, kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q k^T * scale + mask) v, computed in the dtype of q.
+    """softmax(scores(q, k) + mask) v, computed in the dtype of q.
 
     Args:
-        q: (..., Lq, Hd); k: (..., Lk, Hd); v: (..., Lk, Hv).
+        q: (..., Lq, Hd); k: (..., Lk, Hd); v: (..., Lk, Hv): heads as the scores see them (their
+            norm and rotary already applied: :meth:`Scoring.split`).
         mask: None, bool keep-mask (True = may attend) or additive float (finite values are
             biases, applied exactly), broadcasting to (..., Lq, Lk).
-        scale: defaults to 1 / sqrt(Hd).
-        rotary: rotary position embeddings applied to q and k first (:mod:`mha.rotary`), or None.
+        scoring: scale (default 1 / sqrt(Hd)), soft-cap and window (:mod:`mha.scoring`).
+        bias: the position bias broadcasting to (..., Lq, Lk) (:meth:`PositionBias.heads`), or None.
         causal: also remove keys j > i for query i (top-left aligned, as SDPA's ``is_causal``).
         fully_masked: what a query row with every key removed gets: "zeros" (our contract:
             zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that
@@ -104,19 +105,16 @@ def attention(
     """
     if fully_masked not in FULLY_MASKED:
         raise ValueError(f"fully_masked must be one of {FULLY_MASKED}, got fully_masked={fully_masked!r}")
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if rotary is not None:  # positions along each one's own length axis
-        q, k = rotary.apply(q), rotary.apply(k)
-    # q is scaled before the product, as SDPA's math path does: (q k^T) * scale overflows float16
-    # at scores of 65504 before the scale brings them back (inputs of magnitude ~80 at Hd = 128),
-    # where the float64 oracle and any pre-scaling layer stay finite
-    score = (q * scale) @ k.transpose(-2, -1)  # (..., Lq, Lk)
+    score = scoring.scores(q, k, bias)  # (..., Lq, Lk)
     if causal:
         keep = causal_keep(score.shape[-2], score.shape[-1], score.device)
         mask = keep if mask is None else _and(mask, keep)
-    bias = additive_mask(mask, score.dtype)
-    if bias is not None:
-        score = score + bias
+    window = scoring.keep(score.shape[-2], score.shape[-1], causal, score.device)  # (Lq, Lk) or None
+    if window is not None:
+        mask = window if mask is None else _and(mask, window)
+    masking = additive_mask(mask, score.dtype)
+    if masking is not None:
+        score = score + masking
     row_max = score.amax(dim=-1, keepdim=True)  # (..., Lq, 1)
     has_key = row_max > -math.inf
     # subtract the row maximum (a fully masked row subtracts 0) so exp never overflows
@@ -135,7 +133,13 @@ def attention(
     weights = torch.where(has_key, normalized, masked_rows)
     if kernel:  # every row through the fused kernel, as a layer calling it does; fully masked rows keep
         # the plain formula's output (torch.where selects: no gradient flows from the other branch)
-        fused = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        if scoring.softcap is not None:  # SDPA has no soft-cap: the plain formula is this draw
+            return weights @ v, weights
+        additive = additive_mask(mask, score.dtype)
+        if bias is not None:
+            additive = bias if additive is None else additive + bias
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scoring.scale is None else scoring.scale
+        fused = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale)
         return torch.where(has_key, fused, weights @ v), weights
     return weights @ v, weights
 
@@ -156,7 +160,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 def multi_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
+    fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed multi-head attention evaluated in ``dtype`` (float64 by default: the oracle).
 
@@ -167,49 +171,57 @@ def multi_head(
     Returns (output (B, Lq, D), weights (B, H, Lq, Lk)), both in ``dtype``.
     """
     concat, weights = concat_heads(q, k, v, params, n_head, mask, dtype=dtype, causal=causal,
-                                   fully_masked=fully_masked, scale=scale, rotary=rotary)
+                                   fully_masked=fully_masked, scoring=scoring)
     return output_projection(concat, params.to(dtype)), weights
 
 
 def concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
+    fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`multi_head` before its output projection: (heads concatenated (B, Lq, D), weights
     (B, H, Lq, Lk)) in ``dtype``; ``output_projection`` of the first is ``multi_head``'s output."""
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
     return _concat_heads(q, k, v, params.to(dtype), n_head, mask, causal=causal, fully_masked=fully_masked,
-                         scale=scale, rotary=rotary)
+                         scoring=scoring)
 
 
 def _concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: MHAParams, n_head: int, mask: torch.Tensor | None,
-    *, causal: bool, fully_masked: str, via_lse: bool = False, scale: float | None = None, rotary: Rotary | None = None,
+    *, causal: bool, fully_masked: str, via_lse: bool = False, scoring: Scoring = TEXTBOOK,
     kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`concat_heads` on inputs and weights already in one dtype, on autograd's graph."""
     d = q.shape[-1]
     hd = d // n_head
     n_kv = kv_heads(p, n_head)
-    # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd); keys and values: (B, Hkv, L, Hd) repeated to H
-    qh = _linear(q, p.w_q, p.b_q).reshape(*q.shape[:-1], n_head, hd).transpose(-3, -2)
-    kh = _linear(k, p.w_k, p.b_k).reshape(*k.shape[:-1], n_kv, hd).transpose(-3, -2)
-    vh = _linear(v, p.w_v, p.b_v).reshape(*v.shape[:-1], n_kv, hd).transpose(-3, -2)
+    # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd); keys and values: (B, Hkv, L, Hd) repeated to H.
+    # QK-norm and rotary act on the heads before the repeat (a per-head norm of k has Hkv rows)
+    qh = _split(scoring.projected(_linear(q, p.w_q, p.b_q), "q"), n_head, hd)
+    kh = _split(scoring.projected(_linear(k, p.w_k, p.b_k), "k"), n_kv, hd)
+    vh = _split(_linear(v, p.w_v, p.b_v), n_kv, hd)
+    qh, kh = scoring.split(qh, "q"), scoring.split(kh, "k")
     kh = kh.repeat_interleave(n_head // n_kv, dim=-3)
     vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
     m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(q.dtype))
+    bias = None if scoring.bias is None else scoring.bias.heads(n_head, qh.shape[-2], kh.shape[-2], q.dtype)
     # (B, H, Lq, Hd), (B, H, Lq, Lk)
-    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, scale=scale, rotary=rotary,
+    heads, weights = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, scoring=scoring, bias=bias,
                                via_lse=via_lse, kernel=kernel)
     # (B, H, Lq, Hd) -> (B, Lq, H, Hd) -> (B, Lq, D)
     return heads.transpose(-3, -2).reshape(*q.shape[:-1], d), weights
 
 
+def _split(y: torch.Tensor, n: int, hd: int) -> torch.Tensor:
+    """(B, L, n * Hd) -> (B, L, n, Hd) -> (B, n, L, Hd)."""
+    return y.reshape(*y.shape[:-1], n, hd).transpose(-3, -2)
+
+
 def multi_head_graph(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
-    scale: float | None = None, rotary: Rotary | None = None, kernel: bool = False,
+    scoring: Scoring = TEXTBOOK, kernel: bool = False,
 ) -> torch.Tensor:
     """:func:`multi_head`'s output (B, Lq, D), differentiable: nothing is detached or converted.
 
@@ -217,15 +229,15 @@ def multi_head_graph(
     leaves of its own graph); gradients flow to each of them that requires grad. ``via_lse`` and
     ``kernel`` as in :func:`attention`.
     """
-    concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale,
-                              rotary=rotary, via_lse=via_lse, kernel=kernel)
+    concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked,
+                              scoring=scoring, via_lse=via_lse, kernel=kernel)
     return output_projection(concat, params)
 
 
 def same_precision(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, oracle: torch.Tensor, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
+    fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The "same-precision reference" that calibrates tolerances: :func:`multi_head` in ``dtype``.
 
@@ -236,7 +248,7 @@ def same_precision(
     two draws bound what another correct implementation in ``dtype`` may do far better.
     """
     first = multi_head(q, k, v, params, n_head, mask, dtype=dtype, causal=causal, fully_masked=fully_masked,
-                       scale=scale, rotary=rotary)
+                       scoring=scoring)
     eps = torch.finfo(dtype).eps
     gen = torch.Generator().manual_seed(0)
 
@@ -244,7 +256,7 @@ def same_precision(
         return t.detach().to(dtype) * (1 + eps * (2 * torch.rand(t.shape, generator=gen) - 1)).to(dtype)
 
     second = multi_head(nudge(q), nudge(k), nudge(v), params, n_head, mask, dtype=dtype, causal=causal,
-                        fully_masked=fully_masked, scale=scale, rotary=rotary)
+                        fully_masked=fully_masked, scoring=scoring)
 
     def error(t: torch.Tensor) -> float:
         diff = (t.double() - oracle.double()).abs().nan_to_num(math.inf)
@@ -256,7 +268,7 @@ def same_precision(
 def rounding_bound(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool = False, fully_masked: str = "zeros",
-    weights: torch.Tensor | None = None, scale: float | None = None, rotary: Rotary | None = None,
+    weights: torch.Tensor | None = None, scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bound, in float64, of how far rounding the scores in ``dtype`` moves the output
     (B, Lq, D) and the weights (B, H, Lq, Lk): (output bound, weights bound).
@@ -277,23 +289,32 @@ def rounding_bound(
     u = torch.finfo(dtype).eps / 2
     p = params.to(torch.float64)
     if weights is None:
-        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked, scale=scale,
-                                  rotary=rotary)
+        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked,
+                                  scoring=scoring)
     weights = weights.detach().to(torch.float64).nan_to_num(0.0)  # (B, H, Lq, Lk)
     d = q.shape[-1]
     hd = d // n_head
     n_kv = kv_heads(params, n_head)
 
-    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, rotate: bool = False) -> torch.Tensor:
+    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, which: str = "") -> torch.Tensor:
         y = _linear(x.detach().to(torch.float64), w, b)  # (B, L, n*Hd)
-        y = y.reshape(*y.shape[:-1], n, hd).transpose(-3, -2)  # (B, n, L, Hd)
-        if rotate and rotary is not None:
-            y = rotary.apply(y)
+        if which:  # q and k as the scores see them: normalized and rotated
+            y = scoring.split(_split(scoring.projected(y, which), n, hd), which)
+        else:
+            y = _split(y, n, hd)  # (B, n, L, Hd)
         return y.abs().repeat_interleave(n_head // n, dim=-3)
 
-    qh, kh = heads(q, p.w_q, p.b_q, n_head, rotate=True), heads(k, p.w_k, p.b_k, n_kv, rotate=True)
+    qh, kh = heads(q, p.w_q, p.b_q, n_head, "q"), heads(k, p.w_k, p.b_k, n_kv, "k")
     vh = heads(v, p.w_v, p.b_v, n_kv)
-    delta = 4 * u * (qh @ kh.transpose(-2, -1)) * (1 / math.sqrt(hd) if scale is None else abs(scale))  # (B, H, Lq, Lk)
+    scale = 1 / math.sqrt(hd) if scoring.scale is None else abs(scoring.scale)
+    # a QK-norm rounds q and k once more; the cap's division, tanh and product round the score
+    # thrice (tanh shrinks the error it is given); a bias adds its own rounding
+    roundings = 4 + (scoring.q_norm is not None) + (scoring.k_norm is not None)
+    delta = roundings * u * (qh @ kh.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+    if scoring.softcap is not None:
+        delta = delta + 3 * u * scoring.softcap
+    if scoring.bias is not None:
+        delta = delta + u * scoring.bias.heads(n_head, q.shape[-2], k.shape[-2], torch.float64).abs()
     s = torch.log(weights)  # the scores up to a per-row shift; -inf where no weight (masked keys)
     kept = weights > 0
     delta = torch.where(kept, delta, torch.zeros_like(delta))
@@ -364,29 +385,38 @@ def head_mask(mask: torch.Tensor | None, i: int) -> torch.Tensor | None:
 def one_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int, i: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
+    fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> torch.Tensor:
-    """head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) alone: (B, Lq, Hd) in ``dtype``."""
+    """head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) alone: (B, Lq, Hd) in ``dtype``.
+
+    Its per-head norm row, position bias and rotary are head i's; a norm over all heads couples
+    them, and there is no head alone: ValueError (:attr:`Scoring.coupled_heads`)."""
+    if scoring.coupled_heads:
+        raise ValueError("one_head: q or k is normalized over all heads (norm over='all'): no head is computed alone")
     p = head_slices(params.to(dtype), n_head)[i]
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
     m = head_mask(mask, i)
     if m is not None and m.dtype != torch.bool:
         m = m.to(dtype)
-    head, _ = attention(_linear(q, p.w_q, p.b_q), _linear(k, p.w_k, p.b_k), _linear(v, p.w_v, p.b_v), m,
-                        causal=causal, fully_masked=fully_masked, scale=scale, rotary=rotary)
+    kv_head = i // (n_head // kv_heads(params, n_head))
+    qh = scoring.split(_linear(q, p.w_q, p.b_q), "q", head=i)  # (B, Lq, Hd)
+    kh = scoring.split(_linear(k, p.w_k, p.b_k), "k", head=kv_head)  # (B, Lk, Hd)
+    bias = None if scoring.bias is None else scoring.bias.heads(n_head, q.shape[-2], k.shape[-2], dtype)[i]
+    head, _ = attention(qh, kh, _linear(v, p.w_v, p.b_v), m, causal=causal, fully_masked=fully_masked,
+                        scoring=scoring, bias=bias)
     return head
 
 
 def per_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
     mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
-    fully_masked: str = "zeros", scale: float | None = None, rotary: Rotary | None = None,
+    fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> torch.Tensor:
     """The paper's formulation: head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), then
     Concat(head_1..head_H) W_o. Same shapes and mask contract as :func:`multi_head`;
     returns the output (B, Lq, D) in ``dtype``.
     """
     heads = [one_head(q, k, v, params, n_head, i, mask, dtype=dtype, causal=causal, fully_masked=fully_masked,
-                      scale=scale, rotary=rotary) for i in range(n_head)]  # (B, Lq, Hd) each
+                      scoring=scoring) for i in range(n_head)]  # (B, Lq, Hd) each
     concat = torch.cat(heads, dim=-1)  # (B, Lq, D)
     return output_projection(concat, params.to(dtype))

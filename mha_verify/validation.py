@@ -56,7 +56,8 @@ def with_eager(info: Interface, eager: Bound) -> Interface:
     """The model's interface with the eager target's fully_masked and causal where nothing else states
     them (the eager layer is what the model was exported from)."""
     conv = eager.conventions
-    return adopt_conventions(info, eager_conventions(conv), "the eager target")
+    adopted = adopt_conventions(info, eager_conventions(conv), "the eager target")
+    return dataclasses.replace(adopted, layer_scoring=conv.scoring)
 
 
 def interface_result(info: Interface, label: str, *, frozen: str = "fail", problems: Sequence[str] = (),
@@ -87,7 +88,8 @@ def _bundle(result: CheckResult, target: OrtTarget, bundle_dir: str | os.PathLik
         feed = instance.feed(q, k, v, mask)
     except Exception:  # the failing call was one the model's interface refused: nothing to replay
         return result
-    expected, _ = multi_head(q, k, v, instance.params(), instance.n_head, mask, scale=instance.conventions.scale)
+    expected, _ = multi_head(q, k, v, instance.params(), instance.n_head, mask,
+                              scoring=instance.conventions.scoring)
     try:
         actual: np.ndarray | None = instance.session.run([instance.info.output], feed)[0]
     except Exception:

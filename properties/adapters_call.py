@@ -34,6 +34,7 @@ from torch import nn
 
 from mha_verify.mha.masks import additive_mask, causal_keep, forms_within
 from mha_verify.mha.rotary import Rotary
+from mha_verify.mha.scoring import PositionBias
 from mha_verify.properties.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
@@ -217,6 +218,37 @@ def layer_scale(module: nn.Module, head_dim: int) -> tuple[float | None, str]:
     return None, ""
 
 
+SOFTCAP_ATTRS = ("attn_logit_softcapping", "softcap", "logit_softcapping")
+
+
+def layer_softcap(module: nn.Module) -> tuple[float | None, str]:
+    """(the logit soft-cap ``module`` or its config states, how we know), or (None, "") (Gemma 2's
+    ``attn_logit_softcapping``)."""
+    config = getattr(module, "config", None)
+    for owner, where in ((module, "its"), (config, "its config's")):
+        for attr in SOFTCAP_ATTRS:
+            value = getattr(owner, attr, None) if owner is not None else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+                return float(value), f"logits soft-capped at {float(value):g} ({where} {attr})"
+    return None, ""
+
+
+def layer_position_bias(module: nn.Module) -> PositionBias | None:
+    """The additive position bias a layer computes itself (T5's ``compute_bias(Lq, Lk)`` where
+    ``has_relative_attention_bias``), as a table the oracle adds; None without one."""
+    compute = getattr(module, "compute_bias", None)
+    if getattr(module, "has_relative_attention_bias", False) is not True or not callable(compute):
+        return None
+    return PositionBias(table=lambda lq, lk: compute(lq, lk), source=f"{type(module).__name__}.compute_bias")
+
+
+def returns_weights(module: nn.Module) -> bool:
+    """An HF layer running its eager code returns its attention weights (B, H, Lq, Lk) second."""
+    config = getattr(module, "config", None)
+    return type(module).__module__.startswith("transformers.") and \
+        getattr(config, "_attn_implementation", None) == "eager"
+
+
 def dropout_attrs(module: nn.Module) -> list[tuple[nn.Module, str]]:
     """Every (submodule, attribute) holding a dropout probability as a float."""
     found = []
@@ -353,6 +385,23 @@ def is_same_input(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return q is k is v or (q.shape == k.shape == v.shape and bool(torch.equal(q, k)) and bool(torch.equal(k, v)))
 
 
-__all__ = ["MaskFormat", "Signature", "detect_causal", "dropout_attrs", "first_output", "has_dropout",
-           "identity_rotary", "interleaved_rotary", "is_same_input", "layer_scale", "library_rotary",
-           "position_embeddings", "read_signature", "rotary_of", "set_all_dropout"]
+__all__ = [
+    "MaskFormat",
+    "Signature",
+    "detect_causal",
+    "dropout_attrs",
+    "first_output",
+    "has_dropout",
+    "identity_rotary",
+    "interleaved_rotary",
+    "is_same_input",
+    "layer_position_bias",
+    "layer_scale",
+    "layer_softcap",
+    "library_rotary",
+    "position_embeddings",
+    "read_signature",
+    "returns_weights",
+    "rotary_of",
+    "set_all_dropout",
+]

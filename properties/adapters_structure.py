@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
+from mha_verify.mha.scoring import Norm
 from mha_verify.properties import recognition
 from mha_verify.properties.adapters import Adapter, declared_conventions
 from mha_verify.properties.adapters_call import (
@@ -51,13 +52,17 @@ from mha_verify.properties.adapters_call import (
     has_dropout,
     interleaved_rotary,
     is_same_input,
+    layer_position_bias,
     layer_scale,
+    layer_softcap,
     position_embeddings,
     read_signature,
+    returns_weights,
     rotary_of,
     set_all_dropout,
 )
 from mha_verify.properties.protocol import Conventions, NotApplicable
+from mha_verify.properties.qk_norm import qk_norms
 
 
 def _linear_like(layer: object) -> bool:
@@ -114,11 +119,7 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
-        norms = [n for n in recognition.QK_NORMS
-                 if isinstance(getattr(module, n, None), nn.Module) and not isinstance(getattr(module, n), nn.Identity)]
-        if norms:
-            raise ValueError(f"{type(module).__name__} normalizes q and k before the scores ({', '.join(norms)}): "
-                             "a step the oracle does not model, so it cannot be verified yet")
+        q_norm, k_norm = self._norms(module)
         learned = [a for a in SCALE_ATTRS if isinstance(getattr(module, a, None), nn.Parameter)]
         if learned:  # TimesFM: softplus(scaling) per query dimension
             raise ValueError(f"{type(module).__name__} scales its queries by a learned parameter ({learned[0]}): "
@@ -138,21 +139,37 @@ class StructuralAdapter(Adapter):
         # layer: the layer alone is full (causal) attention, and the report says so
         window_note = (f"sliding window {window} in its config: not applied (HF builds it into the model's mask); "
                        "checked as full attention") if isinstance(window, int) and window > 0 else ""
+        softcap, softcap_how = layer_softcap(module)
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
             cross_attention=((sig.key is not None and sig.value is not None) or shared) and not causal,
             kv_shared=shared and sig.key is None,
-            weights=False,
+            weights=returns_weights(module),
             fully_masked=fully_masked,
             causal=causal,
             dropout=has_dropout(module),
             scale=scale,
             rotary=rotary,
-            notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how, window_note) if n),
+            q_norm=q_norm,
+            k_norm=k_norm,
+            softcap=softcap,
+            position_bias=layer_position_bias(module),
+            notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how, softcap_how, window_note) if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)
+
+    def _norms(self, module: nn.Module) -> tuple[Norm | None, Norm | None]:
+        """The layer's QK-norm (:func:`qk_norm.qk_norms`); ValueError for one the oracle cannot apply."""
+        if not any(isinstance(getattr(module, n, None), nn.Module) for pair in recognition.QK_NORM_PAIRS
+                   for n in pair):
+            return None, None
+        p = self.params(module)
+        head_dim = getattr(module, "head_dim", None)  # HF 5.x layers keep head_dim, not their head count
+        if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
+            head_dim = p.w_q.shape[0] // _n_head(module)
+        return qk_norms(module, p.w_q.shape[0] // head_dim, head_dim, p.w_k.shape[0] // head_dim)
 
     def _scale(self, module: nn.Module) -> tuple[float | None, str]:
         """The softmax scale the layer states (:func:`adapters_call.layer_scale`), at its head width."""
@@ -166,6 +183,21 @@ class StructuralAdapter(Adapter):
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
+        return first_output(module(**self._kwargs(module, q, k, v, mask)))
+
+    def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF eager layers return (output, weights (B, H, Lq, Lk)); sdpa ones (output, None)."""
+        if not self.conventions(module).weights:
+            raise NotApplicable(f"{type(module).__name__} returns no attention weights here")
+        out = module(**self._kwargs(module, q, k, v, mask))
+        if not (isinstance(out, tuple) and len(out) >= 2 and isinstance(out[1], torch.Tensor)):
+            raise NotApplicable("the target's forward returned no attention weights")
+        return out[0], out[1]
+
+    def _kwargs(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> dict[str, object]:
+        """The layer's forward arguments by name for one call in our convention."""
         sig = read_signature(module)
         conv = self.conventions(module)
         fmt = library_format(module)[0]
@@ -200,7 +232,7 @@ class StructuralAdapter(Adapter):
         if sig.rotary is not None:
             head_dim = int(getattr(module, "head_dim", 0) or self.params(module).w_q.shape[0] // _n_head(module))
             kwargs[sig.rotary] = position_embeddings(module, q, conv.rotary, head_dim)
-        return first_output(module(**kwargs))
+        return kwargs
 
     def set_dropout(self, module: nn.Module, p: float) -> bool:
         return set_all_dropout(module, p)

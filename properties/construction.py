@@ -40,6 +40,9 @@ PARAMETER_ROLES: dict[str, str] = {
                      "attention_heads"), "n_head"),
     **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size"), "head_dim"),
     **dict.fromkeys(("layer_idx", "layer_id", "layer_number", "block_idx"), "layer_idx"),
+    # a layer that can compute its own position bias (T5's first layer) is built with it: the oracle
+    # adds the layer's table (mha.scoring.PositionBias), so how the layer adds it is verified
+    "has_relative_attention_bias": "position_bias",
 }
 CONFIG_NAMES = ("config", "cfg", "args")
 #: a config field -> the size it is set to, where the library's config has the field
@@ -62,7 +65,7 @@ def sizes_of(d_model: int, n_head: int) -> dict[str, int]:
     """The value of each role at (d_model, n_head). Key/value heads: half the query heads where
     H is even (grouped-query attention gets exercised), else H."""
     return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
-            "kv_heads": n_head // 2 if n_head % 2 == 0 else n_head}
+            "kv_heads": n_head // 2 if n_head % 2 == 0 else n_head, "position_bias": True}
 
 
 def config_for(d_model: int, n_head: int) -> SimpleNamespace:
@@ -129,7 +132,10 @@ def library_config(config_cls: type, d_model: int, n_head: int) -> object:
     for field in CONFIG_ALWAYS:
         setattr(config, field, size[field])
     if hasattr(config, "_attn_implementation"):
-        config._attn_implementation = ATTN_IMPLEMENTATION
+        # sdpa refuses a soft-cap (HF raises "sdpa attention does not support softcap"): such layers
+        # run their eager code, as HF's own models pick for them
+        softcapped = getattr(config, "attn_logit_softcapping", None) is not None
+        config._attn_implementation = "eager" if softcapped else ATTN_IMPLEMENTATION
     return config
 
 
@@ -194,7 +200,7 @@ def plans(cls: type) -> list[Construction]:
             config = p
         elif p.default is p.empty:
             unknown.append(p.name)
-    if unknown or (not roles and config is None):
+    if unknown or (not any(role != "position_bias" for _, role in roles) and config is None):
         return [Construction(cls, positional=True)]
     if config is None:
         return [Construction(cls, tuple(roles))]

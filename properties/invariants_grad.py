@@ -76,7 +76,7 @@ def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Te
     conv = bound.conventions
     mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.to(dtype)
     out = multi_head_graph(*_call(leaves), params, bound.n_head, mask, causal=conv.causal,
-                           fully_masked=conv.fully_masked, scale=conv.scale, rotary=conv.rotary, via_lse=via_lse,
+                           fully_masked=conv.fully_masked, scoring=conv.scoring, via_lse=via_lse,
                            kernel=kernel)
     weights = [t for t in params if t is not None]
     return _grads(out, leaves + weights, g)
@@ -151,7 +151,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     hd, group = d // n_head, n_head // n_kv
     mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.double()
     _, weights = multi_head(ex.q, ex.k, ex.v, bound.params(), n_head, mask, causal=conv.causal,
-                            fully_masked=conv.fully_masked, scale=conv.scale, rotary=conv.rotary)  # P (B, H, Lq, Lk)
+                            fully_masked=conv.fully_masked, scoring=conv.scoring)  # P (B, H, Lq, Lk)
     weights = weights.nan_to_num(0.0)
 
     def heads(x: torch.Tensor, n: int) -> torch.Tensor:  # (B, L, n*Hd) -> (B, n, L, Hd)

@@ -43,8 +43,8 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
         raise Violation(f"output shape {tuple(out.shape)}, but should be {tuple(ref.shape)}")
     conv = bound.conventions
     moved, moved_w = rounding_bound(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                    causal=conv.causal, fully_masked=conv.fully_masked, scale=conv.scale,
-                                    rotary=conv.rotary, weights=ref_w)
+                                    causal=conv.causal, fully_masked=conv.fully_masked, scoring=conv.scoring,
+                                    weights=ref_w)
     measure = ensure(compare(out, ref, same, ex.q.dtype, moved), "output vs float64 oracle")
     got = weights_if_any(bound, ex.q, ex.k, ex.v, ex.mask)
     if got is not None:
@@ -52,8 +52,7 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
         if weights.shape != ref_w.shape:
             raise Violation(f"weights shape {tuple(weights.shape)}, but should be (B, H, Lq, Lk)={tuple(ref_w.shape)}")
         same_w = same_precision(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                oracle=ref, causal=conv.causal, fully_masked=conv.fully_masked, scale=conv.scale,
-                                rotary=conv.rotary)[1]
+                                oracle=ref, causal=conv.causal, fully_masked=conv.fully_masked, scoring=conv.scoring)[1]
         ensure(compare(weights, ref_w, same_w, ex.q.dtype, moved_w), "attention weights vs float64 oracle")
     return measure
 
@@ -61,6 +60,8 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
 def _editable(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if conv.sizes is not None:
         return "the target's weights are fixed in its graph: its output projection cannot be restricted to one head"
+    if conv.scoring.coupled_heads:
+        return "q or k is normalized over all heads at once: no head is computed alone"
     return examples_for(conv)
 
 
@@ -92,8 +93,7 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
     isolated = bound.fresh()  # one copy; its w_o is restricted to one head at a time
     # every head then the restricted W_o, as the target computes it: the heads do not depend on W_o
     concat_same, _ = concat_heads(ex.q, ex.k, ex.v, isolated.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                  causal=conv.causal, fully_masked=conv.fully_masked, scale=conv.scale,
-                                  rotary=conv.rotary)
+                                  causal=conv.causal, fully_masked=conv.fully_masked, scoring=conv.scoring)
     w_o = isolated.params().w_o
     original = None if w_o is None else w_o.detach().clone()
     for i in _heads_to_check(bound.n_head, ex.seed):
@@ -108,9 +108,9 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
                 raise NotApplicable("the adapter's w_o is a copy of the layer's weight: head isolation cannot edit it")
         p = isolated.params()
         head = one_head(ex.q, ex.k, ex.v, p, bound.n_head, i, ex.mask, causal=conv.causal,
-                        fully_masked=conv.fully_masked, scale=conv.scale, rotary=conv.rotary)  # (B, Lq, Hd) float64
+                        fully_masked=conv.fully_masked, scoring=conv.scoring)  # (B, Lq, Hd) float64
         same = one_head(ex.q, ex.k, ex.v, p, bound.n_head, i, ex.mask, dtype=ex.q.dtype, causal=conv.causal,
-                        fully_masked=conv.fully_masked, scale=conv.scale, rotary=conv.rotary)
+                        fully_masked=conv.fully_masked, scoring=conv.scoring)
         expected = _project(head, p, cols)
         # calibrated by the larger same-precision error of the two ways a layer computes this:
         # head i alone, or every head then the restricted W_o (as the target does)
@@ -149,7 +149,7 @@ def _best_match(out: torch.Tensor, ex: AttnExample, p: MHAParams, n_head: int, i
     errors = {}
     for j in candidates:
         head = one_head(ex.q, ex.k, ex.v, p, n_head, j, ex.mask, causal=conv.causal, fully_masked=conv.fully_masked,
-                        scale=conv.scale, rotary=conv.rotary)
+                        scoring=conv.scoring)
         errors[j] = float((out.detach().double() - _project(head, p, cols)).abs().max())
     j = min(errors, key=lambda n: errors[n])
     return f"; it matches head {j} computed alone best (error {errors[j]:.3g})" if j != i else ""

@@ -18,12 +18,19 @@ def _perm(n: int, seed: int) -> torch.Tensor:
     return p.roll(1) if bool((p == torch.arange(n)).all()) else p
 
 
-_ROTARY = "rotary embeddings make the scores depend on positions: permuting them changes the output"
+def _positional(conv: Conventions) -> str:
+    """Why permuting positions changes this target's output, or "" when it does not."""
+    scoring = conv.scoring
+    what = [w for w, on in (("rotary embeddings", scoring.rotary is not None),
+                            ("position biases", scoring.bias is not None),
+                            ("sliding windows", scoring.window is not None)) if on]
+    return (" and ".join(what) + " make the scores depend on positions: permuting them changes the output"
+            if what else "")
 
 
 def _positions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
-    if conv.rotary is not None:
-        return _ROTARY
+    if _positional(conv):
+        return _positional(conv)
     return examples_for(conv, min_len=2)
 
 
@@ -55,8 +62,8 @@ def query_permutation(bound: Instance, ex: AttnExample) -> Measure:
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
         return "self-attention only: keys cannot be permuted without permuting queries"
-    if conv.rotary is not None:
-        return _ROTARY
+    if _positional(conv):
+        return _positional(conv)
     return examples_for(conv, min_len=2)
 
 

@@ -71,9 +71,9 @@ def oracle(bound: Instance, ex: AttnExample, q: torch.Tensor | None = None, k: t
     params = bound.params()
     conv = bound.conventions
     ref, ref_w = multi_head(q, k, v, params, bound.n_head, m, causal=conv.causal, fully_masked=conv.fully_masked,
-                            scale=conv.scale, rotary=conv.rotary)
+                            scoring=conv.scoring)
     same, _ = same_precision(q, k, v, params, bound.n_head, m, dtype=q.dtype, oracle=ref, causal=conv.causal,
-                             fully_masked=conv.fully_masked, scale=conv.scale, rotary=conv.rotary)
+                             fully_masked=conv.fully_masked, scoring=conv.scoring)
     return ref, ref_w, same
 
 

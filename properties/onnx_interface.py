@@ -39,6 +39,7 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from mha_verify.mha.masks import forms_within
 from mha_verify.mha.rotary import Rotary
+from mha_verify.mha.scoring import Scoring
 from mha_verify.properties.onnx_heads import n_head_from_graph, op_conventions
 from mha_verify.properties.onnx_reading import (
     Reading,
@@ -107,6 +108,9 @@ class Interface:
     conventions: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: the fused attention operators found, with their attributes
     operators: tuple[str, ...] = ()
+    #: what the eager layer it was exported from computes its scores with that text cannot carry:
+    #: its QK-norm (with the layer's norm weights) and a position-bias table (the layer's)
+    layer_scoring: Scoring | None = field(default=None, compare=False)
 
     @property
     def seq_first(self) -> bool:
@@ -196,8 +200,8 @@ class Interface:
 
 
 #: conventions only an eager target states (no file or flag does): keys and values in one argument,
-#: rotary embeddings (``base;interleaved;fraction``)
-EAGER_ONLY = ("kv_shared", "rotary")
+#: rotary embeddings (``base;interleaved;fraction``), soft-cap, sliding window, ALiBi
+EAGER_ONLY = ("kv_shared", "rotary", "softcap", "window", "alibi")
 
 
 def adopt_conventions(info: Interface, conventions: dict[str, str], source: str) -> Interface:
@@ -221,6 +225,12 @@ def eager_conventions(conv: Conventions) -> dict[str, str]:
     if conv.rotary is not None:
         r = conv.rotary
         out["rotary"] = f"{r.base!r};{'true' if r.interleaved else 'false'};{r.fraction!r}"
+    if conv.softcap is not None:
+        out["softcap"] = repr(float(conv.softcap))
+    if conv.window is not None:
+        out["window"] = str(int(conv.window))
+    if conv.position_bias is not None and conv.position_bias.alibi:
+        out["alibi"] = "true"
     return out
 
 

@@ -74,7 +74,7 @@ def probe_mask(instance: OrtInstance, *, seed: int = 0) -> MaskProbe | None:
     kinds = BOOL_KINDS if info.mask_types == {"bool"} else FLOAT_KINDS
     gen = torch.Generator().manual_seed(seed)
     params = instance.params()
-    info_scale = instance.conventions.scale
+    scoring = instance.conventions.scoring
     ok = {k: 0 for k in kinds}
     fm_ok = {f"{k}/{f}": 0 for k in kinds for f in FULLY_MASKED}
     calls = 0
@@ -104,10 +104,10 @@ def probe_mask(instance: OrtInstance, *, seed: int = 0) -> MaskProbe | None:
                 got_masked = variant(q, k, v, masked)
             except Exception:  # NotApplicable, or onnxruntime's refusal: a kind the model cannot run is not its kind
                 continue
-            ref, _ = multi_head(q, k, v, params, instance.n_head, keep, scale=info_scale)
+            ref, _ = multi_head(q, k, v, params, instance.n_head, keep, scoring=scoring)
             ok[kind] += _close(got, ref)
             for fm in FULLY_MASKED:
-                ref_m, _ = multi_head(q, k, v, params, instance.n_head, masked, fully_masked=fm, scale=info_scale)
+                ref_m, _ = multi_head(q, k, v, params, instance.n_head, masked, fully_masked=fm, scoring=scoring)
                 fm_ok[f"{kind}/{fm}"] += _close(got_masked, ref_m)
             calls += 1
     matches = tuple(k for k in kinds if ok[k] == PROBES)

@@ -26,6 +26,7 @@ import onnxruntime as ort
 import torch
 
 from mha_verify.mha.reference import MHAParams
+from mha_verify.mha.scoring import PositionBias
 from mha_verify.properties.mask_convert import to_kind, to_shape
 from mha_verify.properties.onnx_interface import Interface, ModelError, read_interface, rotary_from
 from mha_verify.properties.onnx_weights import projection_weights
@@ -105,6 +106,9 @@ class OrtInstance:
         """
         info = self.info
         forms = info.mask_forms if info.mask is not None else Conventions().mask_forms
+        stated = info.conventions
+        layer = info.layer_scoring  # the eager layer's norms and bias table, when validated beside it
+        table = layer.bias if layer is not None and layer.bias is not None and not layer.bias.alibi else None
         return Conventions(
             mask=info.mask_types, mask_forms=forms,
             cross_attention=not info.self_attention, weights=False,
@@ -113,6 +117,10 @@ class OrtInstance:
             fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
             causal=info.conventions.get("causal", ("false", ""))[0] == "true",
             scale=float(info.conventions["scale"][0]) if "scale" in info.conventions else None,
+            softcap=float(stated["softcap"][0]) if "softcap" in stated else None,
+            window=int(stated["window"][0]) if "window" in stated else None,
+            position_bias=PositionBias(alibi=True, source="the eager target") if "alibi" in stated else table,
+            q_norm=None if layer is None else layer.q_norm, k_norm=None if layer is None else layer.k_norm,
             grads=False, dropout=False, torch_modes=False,
             sizes=(self.d_model, self.n_head), dtype=info.dtype, axes=info.fixed_axes,
             notes=(f"onnxruntime session on {info.path.name}",),

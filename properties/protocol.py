@@ -30,6 +30,7 @@ import torch
 
 from mha_verify.mha.masks import FULLY_MASKED, MASK_FORMS
 from mha_verify.mha.rotary import Rotary
+from mha_verify.mha.scoring import Norm, PositionBias, Scoring
 
 if TYPE_CHECKING:
     from mha_verify.mha.reference import MHAParams
@@ -77,6 +78,11 @@ class Conventions:
     rotary: rotary position embeddings the target applies to q and k (:class:`mha.rotary.Rotary`),
         declared or read from the layer's config; the oracle applies them, and examples draw
         only head widths they can rotate. None: no position information (the contract).
+    q_norm, k_norm: QK-norm (:class:`mha.scoring.Norm`), read from the layer's norm children.
+    softcap: logit soft-capping cap * tanh(s / cap), declared or read from a config.
+    position_bias: an additive bias per head (:class:`mha.scoring.PositionBias`): ALiBi
+        (declared ``alibi``) or a table the layer computes (T5's ``compute_bias``).
+    window: a sliding window of that many keys the target applies itself (:mod:`mha.scoring`).
     notes: the conventions in words, printed in the report.
     """
 
@@ -97,7 +103,18 @@ class Conventions:
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
     scale: float | None = None
     rotary: Rotary | None = None
+    q_norm: Norm | None = None
+    k_norm: Norm | None = None
+    softcap: float | None = None
+    position_bias: PositionBias | None = None
+    window: int | None = None
     notes: tuple[str, ...] = field(default=())
+
+    @property
+    def scoring(self) -> Scoring:
+        """How the target forms its scores, as the oracle applies it (:class:`mha.scoring.Scoring`)."""
+        return Scoring(scale=self.scale, rotary=self.rotary, q_norm=self.q_norm, k_norm=self.k_norm,
+                       softcap=self.softcap, bias=self.position_bias, window=self.window)
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
@@ -105,7 +122,8 @@ class Conventions:
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
         negation), kv_shared, weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
-        (None, or a mapping of base, interleaved, fraction: ``{"base": 10000.0}``).
+        (None, or a mapping of base, interleaved, fraction: ``{"base": 10000.0}``), softcap (a
+        positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias).
         """
         changes: dict[str, object] = {}
         for key, value in declaration.items():
@@ -136,10 +154,7 @@ class Conventions:
             parts.append(str(self.dtype).replace("torch.", ""))
         if self.output_dtype is not None:
             parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
-        if self.scale is not None:
-            parts.append(f"softmax scale {self.scale:.6g}")
-        if self.rotary is not None:
-            parts.append(self.rotary.describe())
+        parts += self.scoring.describe()
         fixed = [f"{n}={a}" for n, a in zip(("B", "Lq", "Lk"), self.axes, strict=True) if a is not None]
         if fixed:
             parts.append(f"fixed {', '.join(fixed)}")
@@ -216,6 +231,12 @@ def _rotary(value: object) -> Rotary | None:
     return Rotary(float(base), interleaved, float(fraction))
 
 
+def _alibi(value: object) -> PositionBias | None:
+    if isinstance(value, PositionBias):
+        return value
+    return PositionBias(alibi=True, source="declared") if _flag(value) else None
+
+
 _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "mask": ("mask", _subset(("bool", "float"))),
     "mask_forms": ("mask_forms", _subset(MASK_FORMS)),
@@ -231,6 +252,9 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "output_dtype": ("output_dtype", _output_dtype),
     "scale": ("scale", _scale),
     "rotary": ("rotary", _rotary),
+    "softcap": ("softcap", _scale),
+    "window": ("window", _positive_or_none),
+    "alibi": ("position_bias", _alibi),
 }
 
 

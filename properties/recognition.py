@@ -51,11 +51,11 @@ PROJECTIONS: tuple[Projections, ...] = (
 )
 
 
-#: children that normalize q and k per head before the scores (QK-norm: Chameleon, Qwen3, OLMo2,
-#: Gemma 3, diffusers' ``qk_norm``): a step the oracle does not model, so such a layer is refused
-#: with this reason rather than failed
-QK_NORMS = ("q_norm", "k_norm", "query_norm", "key_norm", "q_layernorm", "k_layernorm", "norm_q", "norm_k",
-            "q_ln", "k_ln")
+#: children that normalize q and k before the scores (QK-norm: Qwen3, Gemma 3, OLMo 2, Chameleon,
+#: Cohere, diffusers' ``qk_norm``), as (q, k) pairs of names; what they compute is probed
+#: (:mod:`mha_verify.properties.qk_norm`) and the oracle applies it
+QK_NORM_PAIRS = (("q_norm", "k_norm"), ("query_norm", "key_norm"), ("q_layernorm", "k_layernorm"),
+                 ("norm_q", "norm_k"), ("q_ln", "k_ln"))
 
 
 def layouts(layout: str) -> tuple[Projections, ...]:

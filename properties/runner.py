@@ -357,7 +357,7 @@ def heatmap(target: Subject, ex: AttnExample, dtype: torch.dtype) -> dict[str, o
     if got is None:
         conv = instance.conventions
         got = multi_head(ex.q, ex.k, ex.v, instance.params(), instance.n_head, ex.mask, causal=conv.causal,
-                         fully_masked=conv.fully_masked, scale=conv.scale, rotary=conv.rotary)
+                         fully_masked=conv.fully_masked, scoring=conv.scoring)
         source = "float64 oracle with the target's weights"
     weights = got[1].detach().double()[0][:, :32, :32]  # (H, Lq, Lk), at most 32 x 32 per head
     return {"source": source, "weights": [[[float(f"{x:.4g}") for x in row] for row in head] for head in weights]}

@@ -17,6 +17,7 @@ from mha_verify.properties import (  # noqa: F401 -- imported for their registra
     invariants_modes,
     invariants_oracle,
     invariants_symmetry,
+    invariants_window,
     relations,
 )
 from mha_verify.properties.registry import PROPERTIES, RELATIONS, Property, Relation

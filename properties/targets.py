@@ -39,8 +39,9 @@ def randomize_parameters(module: nn.Module, seed: int) -> None:
     invisible (it failed by 0.49 against 5e-6 allowed once biases were drawn). Each tensor is
     redrawn in place as N(0, s^2) with s its own standard deviation after init (so the layer
     keeps its scale: softmax neither saturates nor flattens more than it would in use); a
-    tensor whose init is constant (zero biases, LayerNorm's ones) gets the mean scale of the
-    layer's weight matrices. Buffers (causal masks, rotary tables) are left alone. Drawn in the
+    tensor whose init is constant zero (biases) gets the mean scale of the layer's weight
+    matrices; one of a constant c != 0 (a norm's ones) is drawn as N(c, (c/2)^2). Buffers
+    (causal masks, rotary tables) are left alone. Drawn in the
     parameter's own dtype (float32: 5x faster than drawing float64 and rounding, 22 ms against
     110 ms at d_model 1024).
     """
@@ -52,10 +53,14 @@ def randomize_parameters(module: nn.Module, seed: int) -> None:
         generator = torch.Generator().manual_seed(seed * 7919 + 17)
         for p, scale in zip(params, scales, strict=True):
             s = scale if scale > 0 and math.isfinite(scale) else fallback
+            # a constant non-zero init (a norm's ones) is drawn around itself, at half its size: a QK-norm
+            # weight drawn near 0 would flatten every score, and a bug in them with it
+            level = float(p.detach().float().mean()) if p.numel() and not (scale > 0) else 0.0
+            mean, s = (level, abs(level) / 2) if level and math.isfinite(level) else (0.0, s)
             if p.device.type == "cpu":
-                p.normal_(0.0, s, generator=generator)
+                p.normal_(mean, s, generator=generator)
             else:  # a CPU generator draws on the CPU
-                p.copy_(torch.empty(p.shape, dtype=p.dtype).normal_(0.0, s, generator=generator))
+                p.copy_(torch.empty(p.shape, dtype=p.dtype).normal_(mean, s, generator=generator))
 
 
 @dataclass

@@ -64,10 +64,8 @@ def test_a_layer_built_from_its_library_config_is_verified() -> None:
     assert result.verdict == "pass" and result.examples > 0, result
 
 
-def test_a_layer_that_normalizes_q_and_k_is_refused_with_the_reason() -> None:
-    # the oracle has no QK-norm: judged against plain attention it would fail every property falsely
-    with pytest.raises(TargetError, match=r"QKNormed normalizes q and k before the scores \(q_norm\)"):
-        load_target("tests/fixtures/kv_layers.py:QKNormed")
+def test_a_layer_that_scales_its_queries_by_a_learned_parameter_is_refused_with_the_reason() -> None:
+    # QK-norm is applied by the oracle (tests/test_scoring.py); a learned query scale is not
     with pytest.raises(TargetError, match=r"LearnedQueryScale scales its queries by a learned parameter \(scaling\)"):
         load_target("tests/fixtures/kv_layers.py:LearnedQueryScale")
 

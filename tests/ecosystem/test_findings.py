@@ -267,3 +267,17 @@ def test_step3p7_vision_rotary_runs_in_float32_for_float64_inputs() -> None:
     exact = q * cos[:, :, None] + half * sin[:, :, None]
     assert got.dtype == torch.float64
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
+
+
+def test_qwen3_qk_norm_runs_in_float32_for_float64_inputs() -> None:
+    # HF's RMSNorm "upcasts" with hidden_states.to(torch.float32): a float64 input is rounded to
+    # float32, so Qwen3's (and every Llama-style) QK-norm loses float64's precision: gradcheck fails
+    pytest.importorskip("transformers")
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    norm = Qwen3RMSNorm(8, eps=1e-6).double()
+    x = torch.randn(3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    exact = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    got = norm(x)
+    assert got.dtype == torch.float64
+    assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result

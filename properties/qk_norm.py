@@ -1,0 +1,119 @@
+"""QK-norm read from a layer's own norm children, for the oracle to apply (:class:`mha.scoring.Norm`).
+
+A layer that normalizes q and k before the scores (Qwen3, Gemma 3, OLMo 2, Chameleon, Cohere,
+diffusers' ``qk_norm``) holds them as children named in
+:data:`mha_verify.properties.recognition.QK_NORM_PAIRS`. What each computes is decided by its shape and
+a probe against the closed set of formulas the oracle knows (RMSNorm or LayerNorm, weight w or
+1 + w), not by its class name: a norm of any other form is refused with its reason, never guessed.
+The probe runs the norm alone on a random input; the attention around it is what the properties
+then verify (where the layer applies it, before the split or per head, and before rotary).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+from torch import nn
+
+from mha_verify.mha.scoring import Norm
+from mha_verify.properties import recognition
+
+_EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
+
+
+#: a layer's norms, read once: its adapter asks on every call, an exporter's trace included, where
+#: a probe (a data-dependent comparison) cannot run. The Norms hold the live parameters.
+_READ: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int, int], tuple[Norm | None, Norm | None]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def qk_norms(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> tuple[Norm | None, Norm | None]:
+    """(q norm, k norm) of ``module``, or (None, None) without QK-norm children.
+
+    ValueError naming the child when one is present but of no form the oracle applies."""
+    sizes = (n_head, head_dim, n_kv)
+    hit = _READ.get(module)
+    if hit is not None and hit[0] == sizes:
+        return hit[1]
+    pair = _read_pair(module, n_head, head_dim, n_kv)
+    _READ[module] = (sizes, pair)
+    return pair
+
+
+def _read_pair(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> tuple[Norm | None, Norm | None]:
+    found: dict[str, Norm] = {}
+    for q_name, k_name in recognition.QK_NORM_PAIRS:
+        for which, name, heads in (("q", q_name, n_head), ("k", k_name, n_kv)):
+            child = getattr(module, name, None)
+            if isinstance(child, nn.Module) and not isinstance(child, nn.Identity) and which not in found:
+                found[which] = read_norm(child, f"{type(module).__name__}.{name}", heads, head_dim)
+    return found.get("q"), found.get("k")
+
+
+def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
+    """The :class:`Norm` that ``norm`` computes on the projection of ``n_heads`` heads of ``head_dim``."""
+    weight = _tensor(norm, "weight")
+    bias = _tensor(norm, "bias")
+    places: dict[str, tuple[int, ...]] = {"head": (head_dim,), "all": (n_heads * head_dim,)}
+    if weight is None:  # where it normalizes: its normalized_shape, else whichever the probe confirms
+        width = _normalized_width(norm)
+        wheres = [o for o, shape in places.items() if width in (-1, shape[0])]
+        what = f"normalized_shape {width}"
+    elif weight.dim() == 2 and tuple(weight.shape) == (n_heads, head_dim):
+        wheres, places["head"] = ["head"], (n_heads, head_dim)  # one row per head (Chameleon, Cohere)
+    else:
+        wheres = [o for o, shape in places.items() if tuple(weight.shape) == shape]
+        what = f"a weight of shape {tuple(weight.shape)}"
+    if not wheres:
+        raise ValueError(f"{name} has {what}: neither one head ({head_dim}) nor all {n_heads} heads "
+                         f"({n_heads * head_dim}), a QK-norm the oracle cannot place")
+    eps = next((float(v) for a in _EPS_ATTRS if isinstance(v := getattr(norm, a, None), (int, float))
+                and not isinstance(v, bool)), None)
+    if eps is None or not math.isfinite(eps):
+        raise ValueError(f"{name} ({type(norm).__name__}) states its epsilon in no attribute we know "
+                         f"({', '.join(_EPS_ATTRS)})")
+    candidates = [(Norm(kind, over, eps, weight, bias, offset), places[over]) for over in wheres
+                  for kind in ("rms", "layer") for offset in (0.0, 1.0) if not (offset and weight is None)]
+    matches = [c for c, shape in candidates if _computes(norm, c, shape)]
+    if not matches:
+        raise ValueError(f"{name} ({type(norm).__name__}) computes neither RMSNorm nor LayerNorm (weight w or "
+                         "1 + w) on a probe: a QK-norm the oracle does not model")
+    return matches[0]
+
+
+def _tensor(norm: nn.Module, attr: str) -> torch.Tensor | None:
+    value = getattr(norm, attr, None)
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _normalized_width(norm: nn.Module) -> int:
+    shape = getattr(norm, "normalized_shape", None)
+    if isinstance(shape, int):
+        return shape
+    if isinstance(shape, (tuple, list)) and shape and all(isinstance(s, int) for s in shape):
+        return math.prod(shape)
+    return -1
+
+
+def _computes(norm: nn.Module, formula: Norm, shape: tuple[int, ...]) -> bool:
+    """Whether ``norm`` computes ``formula`` on a random input (2, 3, *shape) of its dtype, to within
+    a few roundings of that dtype; the norm's gradients and modes are left as they were."""
+    param = next(iter(norm.parameters()), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    x = torch.randn(2, 3, *shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3 + 0.5
+    with torch.no_grad():
+        try:
+            got = norm(x.to(dtype))
+        except Exception:  # a norm that refuses a plain tensor is of no form we know
+            return False
+        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+            return False
+        heads = x.transpose(-3, -2) if len(shape) == 2 else x  # (2, H, 3, Hd) for one row per head
+        want = formula.apply(heads)
+        want = want.transpose(-3, -2) if len(shape) == 2 else want
+    # layers compute norms in float32 at least (HF's RMSNorm upcasts, and downcasts float64): the
+    # probe asks which formula, not how precisely (gradcheck and oracle_agreement judge that)
+    tol = 64 * max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps) * (1 + float(want.abs().max()))
+    return bool((got.double() - want).abs().max() <= tol)
