@@ -1,0 +1,42 @@
+"""transformers layers whose scores go beyond q k^T / sqrt(Hd), verified with zero user code: the
+conventions are read from each layer (QK-norm, soft-cap, position bias) and the oracle applies
+them (``mha/scoring.py``); skipped with the reason when transformers is not installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.runner import run_property
+from mha_verify.properties.suite import all_properties
+from mha_verify.properties.targets import load_target
+
+pytestmark = pytest.mark.deep  # the ecosystem libraries (tox -e deep, tox -e ecosystem)
+
+HF = "transformers.models.{0}.modeling_{0}:{1}"
+
+
+@pytest.mark.parametrize(("model", "cls", "reads"), [
+    ("qwen3", "Qwen3Attention", "q RMSNorm per head, eps 1e-06"),
+    ("olmo2", "Olmo2Attention", "q RMSNorm over all heads"),
+    ("gemma3", "Gemma3Attention", "q RMSNorm per head, x (1 + w)"),
+    ("chameleon", "ChameleonAttention", "q LayerNorm per head"),
+    ("gemma2", "Gemma2Attention", "logits soft-capped at 50 (its attn_logit_softcapping)"),
+    ("t5", "T5Attention", "position bias from T5Attention.compute_bias"),
+])
+def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: str) -> None:
+    pytest.importorskip("transformers")
+    target = load_target(HF.format(model, cls))
+    assert reads in target.build(32, 4).conventions.describe()
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples >= 10, result
+
+
+def test_an_eager_hf_layer_has_its_attention_weights_verified() -> None:
+    # Gemma 2 runs its eager code (sdpa refuses its soft-cap), which returns (output, weights)
+    pytest.importorskip("transformers")
+    target = load_target(HF.format("gemma2", "Gemma2Attention"))
+    assert target.build(32, 4).conventions.weights
+    for name in ("mask_zeroes_weights", "rows_sum_to_one"):
+        result = run_property(all_properties()[name], target, settings=PROFILES["quick"], seed=0)
+        assert result.verdict == "pass" and result.examples >= 5, result
