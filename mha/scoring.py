@@ -26,14 +26,14 @@ import torch
 
 from mha_verify.mha.rotary import Rotary
 
-NORM_KINDS = ("rms", "layer")
+NORM_KINDS = ("rms", "layer", "l2")
 NORM_OVER = ("head", "all")
 
 
 @dataclass(frozen=True, eq=False)
 class Norm:
-    """One QK-norm: ``kind`` "rms" (x / sqrt(mean(x^2) + eps)) or "layer" ((x - mean) / sqrt(var + eps)),
-    then times ``offset + weight`` (Gemma's RMSNorm multiplies by 1 + w: offset 1) plus ``bias``.
+    """One QK-norm: ``kind`` "rms" (x / sqrt(mean(x^2) + eps)), "layer" ((x - mean) / sqrt(var + eps)) or
+    "l2" (x / sqrt(sum(x^2) + eps): nGPT's unit sphere), then times ``offset + weight`` (Gemma's RMSNorm multiplies by 1 + w: offset 1) plus ``bias``.
 
     over: "head", normalized over each head's Hd columns, ``weight`` (Hd,) shared by every head or
     (n, Hd) one row per head; "all", over the whole projection (n * Hd,) before the split into heads.
@@ -56,7 +56,7 @@ class Norm:
             raise ValueError(f"norm eps must be a finite number >= 0, got eps={self.eps!r}")
 
     def describe(self) -> str:
-        kind = "RMSNorm" if self.kind == "rms" else "LayerNorm"
+        kind = {"rms": "RMSNorm", "layer": "LayerNorm", "l2": "L2 norm"}[self.kind]
         where = "per head" if self.over == "head" else "over all heads"
         return f"{kind} {where}" + (", x (1 + w)" if self.offset == 1.0 else "") + f", eps {self.eps:g}"
 
@@ -70,7 +70,8 @@ class Norm:
         x = y.to(exact)
         if self.kind == "layer":
             x = x - x.mean(dim=-1, keepdim=True)
-        x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        power = x.pow(2).sum(dim=-1, keepdim=True) if self.kind == "l2" else x.pow(2).mean(dim=-1, keepdim=True)
+        x = x * torch.rsqrt(power + self.eps)
         out = x.to(y.dtype)
         if self.weight is not None:
             w = self.weight.detach().to(y.dtype)

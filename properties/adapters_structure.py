@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.mha.scoring import Norm
+from mha_verify.mha.scoring import Norm, PositionBias
 from mha_verify.properties import recognition
 from mha_verify.properties.adapters import Adapter, declared_conventions
 from mha_verify.properties.adapters_call import (
@@ -124,6 +124,11 @@ class StructuralAdapter(Adapter):
         if learned:  # TimesFM: softplus(scaling) per query dimension
             raise ValueError(f"{type(module).__name__} scales its queries by a learned parameter ({learned[0]}): "
                              "a step the oracle does not model, so it cannot be verified yet")
+        position_bias = layer_position_bias(module)
+        extra = self._unmodelled(module, q_norm, k_norm, position_bias)
+        if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
+            raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
+                             "a learned scale or gate beyond attention, so it cannot be verified yet")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
@@ -154,11 +159,23 @@ class StructuralAdapter(Adapter):
             q_norm=q_norm,
             k_norm=k_norm,
             softcap=softcap,
-            position_bias=layer_position_bias(module),
+            position_bias=position_bias,
             notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how, softcap_how, window_note) if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)
+
+    def _unmodelled(self, module: nn.Module, q_norm: Norm | None, k_norm: Norm | None,
+                    bias: PositionBias | None) -> list[str]:
+        """The names of ``module``'s parameters that neither the projections, the QK-norm nor the
+        position-bias table account for (at most four)."""
+        used = [t for t in self.params(module) if t is not None]
+        used += [t for n in (q_norm, k_norm) if n is not None for t in (n.weight, n.bias) if t is not None]
+        table = getattr(module, "relative_attention_bias", None)
+        if bias is not None and isinstance(table, nn.Module):
+            used += list(table.parameters())
+        known = {id(t if t._base is None else t._base) for t in used}
+        return [name for name, p in module.named_parameters() if id(p) not in known][:4]
 
     def _norms(self, module: nn.Module) -> tuple[Norm | None, Norm | None]:
         """The layer's QK-norm (:func:`qk_norm.qk_norms`); ValueError for one the oracle cannot apply."""

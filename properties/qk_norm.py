@@ -3,7 +3,7 @@
 A layer that normalizes q and k before the scores (Qwen3, Gemma 3, OLMo 2, Chameleon, Cohere,
 diffusers' ``qk_norm``) holds them as children named in
 :data:`mha_verify.properties.recognition.QK_NORM_PAIRS`. What each computes is decided by its shape and
-a probe against the closed set of formulas the oracle knows (RMSNorm or LayerNorm, weight w or
+a probe against the closed set of formulas the oracle knows (RMSNorm, LayerNorm or an L2 norm, weight w or
 1 + w), not by its class name: a norm of any other form is refused with its reason, never guessed.
 The probe runs the norm alone on a random input; the attention around it is what the properties
 then verify (where the layer applies it, before the split or per head, and before rotary).
@@ -17,7 +17,7 @@ import weakref
 import torch
 from torch import nn
 
-from mha_verify.mha.scoring import Norm
+from mha_verify.mha.scoring import NORM_KINDS, Norm
 from mha_verify.properties import recognition
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
@@ -75,11 +75,11 @@ def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
         raise ValueError(f"{name} ({type(norm).__name__}) states its epsilon in no attribute we know "
                          f"({', '.join(_EPS_ATTRS)})")
     candidates = [(Norm(kind, over, eps, weight, bias, offset), places[over]) for over in wheres
-                  for kind in ("rms", "layer") for offset in (0.0, 1.0) if not (offset and weight is None)]
+                  for kind in NORM_KINDS for offset in (0.0, 1.0) if not (offset and weight is None)]
     matches = [c for c, shape in candidates if _computes(norm, c, shape)]
     if not matches:
-        raise ValueError(f"{name} ({type(norm).__name__}) computes neither RMSNorm nor LayerNorm (weight w or "
-                         "1 + w) on a probe: a QK-norm the oracle does not model")
+        raise ValueError(f"{name} ({type(norm).__name__}) computes neither RMSNorm, LayerNorm nor an L2 norm "
+                         "(weight w or 1 + w) on a probe: a QK-norm the oracle does not model")
     return matches[0]
 
 

@@ -34,6 +34,7 @@ def test_norms_are_torchs_rmsnorm_and_layernorm() -> None:
     assert torch.allclose(Norm("rms", "head", 1e-6, w).apply(x), rms(x))
     assert torch.allclose(Norm("layer", "head", 1e-5, w, b).apply(x), F.layer_norm(x, (8,), w, b, eps=1e-5))
     assert torch.allclose(Norm("rms", "head", 1e-6, w, offset=1.0).apply(x), rms(x) / w * (1 + w))
+    assert torch.allclose(Norm("l2", "head", 0.0).apply(x), F.normalize(x, dim=-1))  # nGPT's unit sphere
     rows = torch.randn(4, 8, dtype=torch.float64)  # one row of weights per head: (H, Hd) on (B, H, L, Hd)
     heads = x.transpose(1, 2)  # (2, 4 heads, 3, 8)
     per_row = Norm("rms", "head", 0.0, rows).apply(heads)[:, 2]
@@ -98,7 +99,7 @@ def test_a_norm_of_another_form_is_refused_naming_it() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x / 2
 
-    with pytest.raises(ValueError, match=r"Layer.q_norm \(Halved\) computes neither RMSNorm nor LayerNorm"):
+    with pytest.raises(ValueError, match=r"Layer.q_norm \(Halved\) computes neither RMSNorm, LayerNorm nor an L2"):
         read_norm(Halved(), "Layer.q_norm", 2, 4)
     with pytest.raises(ValueError, match=r"has a weight of shape \(6,\): neither one head \(4\) nor all 2 heads \(8\)"):
         read_norm(nn.RMSNorm(6), "Layer.q_norm", 2, 4)
@@ -160,5 +161,11 @@ def test_a_softcapped_layers_grad_and_head_split_agree() -> None:
 
 
 def test_a_qk_norm_layer_missing_a_form_is_a_usage_error() -> None:
-    with pytest.raises(TargetError, match="computes neither RMSNorm nor LayerNorm"):
+    with pytest.raises(TargetError, match="computes neither RMSNorm, LayerNorm nor an L2 norm"):
         load_target("tests/fixtures/scored_layers.py:UnknownNorm")
+
+
+def test_a_layer_with_parameters_no_step_of_the_oracle_uses_is_refused_naming_them() -> None:
+    # judged against plain attention, Dory's learned query scale and gate would be a false FAIL
+    with pytest.raises(TargetError, match=r"GatedOutput has parameters no step of the oracle uses \(sqk\)"):
+        load_target(FIXTURE + "GatedOutput")
