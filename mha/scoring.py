@@ -33,7 +33,8 @@ NORM_OVER = ("head", "all")
 @dataclass(frozen=True, eq=False)
 class Norm:
     """One QK-norm: ``kind`` "rms" (x / sqrt(mean(x^2) + eps)), "layer" ((x - mean) / sqrt(var + eps)) or
-    "l2" (x / sqrt(sum(x^2) + eps): nGPT's unit sphere), then times ``offset + weight`` (Gemma's RMSNorm multiplies by 1 + w: offset 1) plus ``bias``.
+    "l2" (x / sqrt(sum(x^2) + eps): nGPT's unit sphere), then times ``offset + weight`` (Gemma's RMSNorm
+    multiplies by 1 + w: offset 1) plus ``bias``.
 
     over: "head", normalized over each head's Hd columns, ``weight`` (Hd,) shared by every head or
     (n, Hd) one row per head; "all", over the whole projection (n * Hd,) before the split into heads.
