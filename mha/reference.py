@@ -200,8 +200,8 @@ def _concat_heads(
     # QK-norm and rotary act on the heads before the repeat (a per-head norm of k has Hkv rows)
     qh = _split(scoring.projected(_linear(q, p.w_q, p.b_q), "q"), n_head, hd)
     kh = _split(scoring.projected(_linear(k, p.w_k, p.b_k), "k"), n_kv, hd)
-    vh = _split(_linear(v, p.w_v, p.b_v), n_kv, hd)
-    qh, kh = scoring.split(qh, "q"), scoring.split(kh, "k")
+    vh = _split(scoring.projected(_linear(v, p.w_v, p.b_v), "v"), n_kv, hd)
+    qh, kh, vh = scoring.split(qh, "q"), scoring.split(kh, "k"), scoring.split(vh, "v")
     kh = kh.repeat_interleave(n_head // n_kv, dim=-3)
     vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
     m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(q.dtype))
@@ -298,14 +298,14 @@ def rounding_bound(
 
     def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, which: str = "") -> torch.Tensor:
         y = _linear(x.detach().to(torch.float64), w, b)  # (B, L, n*Hd)
-        if which:  # q and k as the scores see them: normalized and rotated
+        if which:  # as the scores and the sum see them: normalized (and q, k rotated)
             y = scoring.split(_split(scoring.projected(y, which), n, hd), which)
         else:
             y = _split(y, n, hd)  # (B, n, L, Hd)
         return y.abs().repeat_interleave(n_head // n, dim=-3)
 
-    qh, kh = heads(q, p.w_q, p.b_q, n_head, "q"), heads(k, p.w_k, p.b_k, n_kv, "k")
-    vh = heads(v, p.w_v, p.b_v, n_kv)
+    qh, kh = heads(q, p.w_q, p.b_q, n_head, "q"), heads(k, p.w_k, p.b_k, n_kv, "k")  # (B, H, L, Hd)
+    vh = heads(v, p.w_v, p.b_v, n_kv, "v")
     scale = 1 / math.sqrt(hd) if scoring.scale is None else abs(scoring.scale)
     # a QK-norm rounds q and k once more; the cap's division, tanh and product round the score
     # thrice (tanh shrinks the error it is given); a bias adds its own rounding
@@ -402,8 +402,8 @@ def one_head(
     qh = scoring.split(_linear(q, p.w_q, p.b_q), "q", head=i)  # (B, Lq, Hd)
     kh = scoring.split(_linear(k, p.w_k, p.b_k), "k", head=kv_head)  # (B, Lk, Hd)
     bias = None if scoring.bias is None else scoring.bias.heads(n_head, q.shape[-2], k.shape[-2], dtype)[i]
-    head, _ = attention(qh, kh, _linear(v, p.w_v, p.b_v), m, causal=causal, fully_masked=fully_masked,
-                        scoring=scoring, bias=bias)
+    vh = scoring.split(_linear(v, p.w_v, p.b_v), "v", head=kv_head)  # (B, Lk, Hd)
+    head, _ = attention(qh, kh, vh, m, causal=causal, fully_masked=fully_masked, scoring=scoring, bias=bias)
     return head
 
 

@@ -2,7 +2,8 @@
 the oracle applies exactly, in this order, to the heads of one example.
 
 1. QK-norm (:class:`Norm`): q and k projections normalized, over each head's Hd or over the whole
-   projection before the split (Qwen3, Gemma 3 per head; OLMo 2 over all heads).
+   projection before the split (Qwen3, Gemma 3 per head; OLMo 2 over all heads); values too where a
+   layer normalizes them (Gemma 4's weightless ``v_norm``).
 2. Rotary embeddings (:class:`mha.rotary.Rotary`) on the normalized heads.
 3. ``scale`` (None: 1 / sqrt(Hd)), then logit soft-capping ``cap * tanh(s / cap)`` (Gemma 2, Grok).
 4. An additive position bias per head (:class:`PositionBias`: ALiBi from its formula, or a table a
@@ -148,6 +149,7 @@ class Scoring:
     rotary: Rotary | None = None
     q_norm: Norm | None = None
     k_norm: Norm | None = None
+    v_norm: Norm | None = None
     softcap: float | None = None
     bias: PositionBias | None = None
     window: int | None = None
@@ -166,7 +168,7 @@ class Scoring:
     @property
     def coupled_heads(self) -> bool:
         """A norm over all heads: one head's output depends on the other heads' projections."""
-        return any(n is not None and n.over == "all" for n in (self.q_norm, self.k_norm))
+        return any(n is not None and n.over == "all" for n in (self.q_norm, self.k_norm, self.v_norm))
 
     def describe(self) -> list[str]:
         out = []
@@ -174,6 +176,8 @@ class Scoring:
             out.append(f"q {self.q_norm.describe()}")
         if self.k_norm is not None:
             out.append(f"k {self.k_norm.describe()}")
+        if self.v_norm is not None:
+            out.append(f"v {self.v_norm.describe()}")
         if self.scale is not None:
             out.append(f"softmax scale {self.scale:.6g}")
         if self.rotary is not None:
@@ -186,17 +190,21 @@ class Scoring:
             out.append(f"sliding window of {self.window} keys")
         return out
 
+    def _norm(self, which: str) -> Norm | None:
+        return {"q": self.q_norm, "k": self.k_norm, "v": self.v_norm}[which]
+
     def projected(self, y: torch.Tensor, which: str) -> torch.Tensor:
-        """A projection (..., L, n * Hd) as the scores see it before the split: its "all" norm applied."""
-        norm = self.q_norm if which == "q" else self.k_norm
+        """A projection ("q", "k" or "v") (..., L, n * Hd) before the split: its "all" norm applied."""
+        norm = self._norm(which)
         return norm.apply(y) if norm is not None and norm.over == "all" else y
 
     def split(self, y: torch.Tensor, which: str, head: int | None = None) -> torch.Tensor:
-        """Heads (..., n, L, Hd), or head ``head`` alone (..., L, Hd), with their per-head norm and rotary."""
-        norm = self.q_norm if which == "q" else self.k_norm
+        """Heads (..., n, L, Hd), or head ``head`` alone (..., L, Hd), with their per-head norm, and
+        rotary for q and k."""
+        norm = self._norm(which)
         if norm is not None and norm.over == "head":
             y = norm.apply(y, head)
-        return self.rotary.apply(y) if self.rotary is not None else y
+        return self.rotary.apply(y) if self.rotary is not None and which != "v" else y
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """(..., Lq, Lk) scores of heads q (..., Lq, Hd), k (..., Lk, Hd) already split: scale, cap, bias.

@@ -119,13 +119,13 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
-        q_norm, k_norm = self._norms(module)
+        q_norm, k_norm, v_norm = self._norms(module)
         learned = [a for a in SCALE_ATTRS if isinstance(getattr(module, a, None), nn.Parameter)]
         if learned:  # TimesFM: softplus(scaling) per query dimension
             raise ValueError(f"{type(module).__name__} scales its queries by a learned parameter ({learned[0]}): "
                              "a step the oracle does not model, so it cannot be verified yet")
         position_bias = layer_position_bias(module)
-        extra = self._unmodelled(module, q_norm, k_norm, position_bias)
+        extra = self._unmodelled(module, (q_norm, k_norm, v_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
             raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
                              "a learned scale or gate beyond attention, so it cannot be verified yet")
@@ -158,6 +158,7 @@ class StructuralAdapter(Adapter):
             rotary=rotary,
             q_norm=q_norm,
             k_norm=k_norm,
+            v_norm=v_norm,
             softcap=softcap,
             position_bias=position_bias,
             notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how, softcap_how, window_note) if n),
@@ -165,23 +166,22 @@ class StructuralAdapter(Adapter):
         )
         return declared_conventions(module, found)
 
-    def _unmodelled(self, module: nn.Module, q_norm: Norm | None, k_norm: Norm | None,
-                    bias: PositionBias | None) -> list[str]:
+    def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None) -> list[str]:
         """The names of ``module``'s parameters that neither the projections, the QK-norm nor the
         position-bias table account for (at most four)."""
         used = [t for t in self.params(module) if t is not None]
-        used += [t for n in (q_norm, k_norm) if n is not None for t in (n.weight, n.bias) if t is not None]
+        used += [t for n in norms if n is not None for t in (n.weight, n.bias) if t is not None]
         table = getattr(module, "relative_attention_bias", None)
         if bias is not None and isinstance(table, nn.Module):
             used += list(table.parameters())
         known = {id(t if t._base is None else t._base) for t in used}
         return [name for name, p in module.named_parameters() if id(p) not in known][:4]
 
-    def _norms(self, module: nn.Module) -> tuple[Norm | None, Norm | None]:
+    def _norms(self, module: nn.Module) -> tuple[Norm | None, Norm | None, Norm | None]:
         """The layer's QK-norm (:func:`qk_norm.qk_norms`); ValueError for one the oracle cannot apply."""
-        if not any(isinstance(getattr(module, n, None), nn.Module) for pair in recognition.QK_NORM_PAIRS
-                   for n in pair):
-            return None, None
+        if not any(isinstance(getattr(module, n, None), nn.Module)
+                   for n in (*(n for pair in recognition.QK_NORM_PAIRS for n in pair), *recognition.V_NORMS)):
+            return None, None, None
         p = self.params(module)
         head_dim = getattr(module, "head_dim", None)  # HF 5.x layers keep head_dim, not their head count
         if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:

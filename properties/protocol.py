@@ -78,7 +78,8 @@ class Conventions:
     rotary: rotary position embeddings the target applies to q and k (:class:`mha.rotary.Rotary`),
         declared or read from the layer's config; the oracle applies them, and examples draw
         only head widths they can rotate. None: no position information (the contract).
-    q_norm, k_norm: QK-norm (:class:`mha.scoring.Norm`), read from the layer's norm children.
+    q_norm, k_norm, v_norm: QK-norm (:class:`mha.scoring.Norm`), read from the layer's norm children
+        (values normalized too in Gemma 4).
     softcap: logit soft-capping cap * tanh(s / cap), declared or read from a config.
     position_bias: an additive bias per head (:class:`mha.scoring.PositionBias`): ALiBi
         (declared ``alibi``) or a table the layer computes (T5's ``compute_bias``).
@@ -105,6 +106,7 @@ class Conventions:
     rotary: Rotary | None = None
     q_norm: Norm | None = None
     k_norm: Norm | None = None
+    v_norm: Norm | None = None
     softcap: float | None = None
     position_bias: PositionBias | None = None
     window: int | None = None
@@ -113,7 +115,7 @@ class Conventions:
     @property
     def scoring(self) -> Scoring:
         """How the target forms its scores, as the oracle applies it (:class:`mha.scoring.Scoring`)."""
-        return Scoring(scale=self.scale, rotary=self.rotary, q_norm=self.q_norm, k_norm=self.k_norm,
+        return Scoring(scale=self.scale, rotary=self.rotary, q_norm=self.q_norm, k_norm=self.k_norm, v_norm=self.v_norm,
                        softcap=self.softcap, bias=self.position_bias, window=self.window)
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:

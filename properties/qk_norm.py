@@ -25,31 +25,32 @@ _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 
 #: a layer's norms, read once: its adapter asks on every call, an exporter's trace included, where
 #: a probe (a data-dependent comparison) cannot run. The Norms hold the live parameters.
-_READ: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int, int], tuple[Norm | None, Norm | None]]] = \
-    weakref.WeakKeyDictionary()
+Norms = tuple[Norm | None, Norm | None, Norm | None]
+_READ: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int, int], Norms]] = weakref.WeakKeyDictionary()
 
 
-def qk_norms(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> tuple[Norm | None, Norm | None]:
-    """(q norm, k norm) of ``module``, or (None, None) without QK-norm children.
+def qk_norms(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> Norms:
+    """(q norm, k norm, v norm) of ``module``, each None where it has no such child.
 
     ValueError naming the child when one is present but of no form the oracle applies."""
     sizes = (n_head, head_dim, n_kv)
     hit = _READ.get(module)
     if hit is not None and hit[0] == sizes:
         return hit[1]
-    pair = _read_pair(module, n_head, head_dim, n_kv)
-    _READ[module] = (sizes, pair)
-    return pair
+    norms = _read(module, n_head, head_dim, n_kv)
+    _READ[module] = (sizes, norms)
+    return norms
 
 
-def _read_pair(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> tuple[Norm | None, Norm | None]:
+def _read(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> Norms:
     found: dict[str, Norm] = {}
-    for q_name, k_name in recognition.QK_NORM_PAIRS:
-        for which, name, heads in (("q", q_name, n_head), ("k", k_name, n_kv)):
-            child = getattr(module, name, None)
-            if isinstance(child, nn.Module) and not isinstance(child, nn.Identity) and which not in found:
-                found[which] = read_norm(child, f"{type(module).__name__}.{name}", heads, head_dim)
-    return found.get("q"), found.get("k")
+    names = [(which, name, heads) for q, k in recognition.QK_NORM_PAIRS for which, name, heads in
+             (("q", q, n_head), ("k", k, n_kv))] + [("v", v, n_kv) for v in recognition.V_NORMS]
+    for which, name, heads in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module) and not isinstance(child, nn.Identity) and which not in found:
+            found[which] = read_norm(child, f"{type(module).__name__}.{name}", heads, head_dim)
+    return found.get("q"), found.get("k"), found.get("v")
 
 
 def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:

@@ -56,6 +56,8 @@ PROJECTIONS: tuple[Projections, ...] = (
 #: (:mod:`mha_verify.properties.qk_norm`) and the oracle applies it
 QK_NORM_PAIRS = (("q_norm", "k_norm"), ("query_norm", "key_norm"), ("q_layernorm", "k_layernorm"),
                  ("norm_q", "norm_k"), ("q_ln", "k_ln"))
+#: children that normalize the values the same way (Gemma 4's weightless ``v_norm``)
+V_NORMS = ("v_norm", "value_norm", "v_layernorm", "norm_v", "v_ln")
 
 
 def layouts(layout: str) -> tuple[Projections, ...]:

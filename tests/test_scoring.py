@@ -109,6 +109,7 @@ def test_a_norm_of_another_form_is_refused_naming_it() -> None:
     ("QKNormPerHead", "q RMSNorm per head, eps 1e-06; k RMSNorm per head"),
     ("QKNormAllHeads", "q LayerNorm over all heads, eps 1e-05"),
     ("GemmaQKNorm", "q RMSNorm per head, x (1 + w)"),
+    ("ValueNormed", "v RMSNorm per head, eps 1e-06"),
     ("RelativeBias", "position bias from RelativeBias.compute_bias"),
 ])
 def test_qk_norms_and_bias_tables_are_read_from_the_layer(layer: str, reads: str) -> None:
@@ -118,7 +119,7 @@ def test_qk_norms_and_bias_tables_are_read_from_the_layer(layer: str, reads: str
 @pytest.mark.parametrize(("layer", "verdict"), [
     ("QKNormPerHead", "pass"), ("QKNormKeyNormSkipped", "fail"),
     ("QKNormAllHeads", "pass"), ("QKNormAllHeadsSplitFirst", "fail"),
-    ("GemmaQKNorm", "pass"),
+    ("GemmaQKNorm", "pass"), ("ValueNormed", "pass"), ("ValueNormSkipped", "fail"),
     ("SoftCapped", "pass"), ("SoftCapBeforeScale", "fail"),
     ("Alibi", "pass"), ("AlibiSignFlipped", "fail"),
     ("RelativeBias", "pass"), ("RelativeBiasShifted", "fail"),
