@@ -169,7 +169,7 @@ class StructuralAdapter(Adapter):
     def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None) -> list[str]:
         """The names of ``module``'s parameters that neither the projections, the QK-norm nor the
         position-bias table account for (at most four)."""
-        used = [t for t in self.params(module) if t is not None]
+        used = self.sources(module)
         used += [t for n in norms if n is not None for t in (n.weight, n.bias) if t is not None]
         table = getattr(module, "relative_attention_bias", None)
         if bias is not None and isinstance(table, nn.Module):
@@ -177,25 +177,25 @@ class StructuralAdapter(Adapter):
         known = {id(t if t._base is None else t._base) for t in used}
         return [name for name, p in module.named_parameters() if id(p) not in known][:4]
 
+    def sources(self, module: nn.Module) -> list[torch.Tensor]:
+        """The layer's own tensors that :meth:`params` reads (views of them, or copies for a fused layout)."""
+        return [t for t in self.params(module) if t is not None]
+
     def _norms(self, module: nn.Module) -> tuple[Norm | None, Norm | None, Norm | None]:
         """The layer's QK-norm (:func:`qk_norm.qk_norms`); ValueError for one the oracle cannot apply."""
         if not any(isinstance(getattr(module, n, None), nn.Module)
                    for n in (*(n for pair in recognition.QK_NORM_PAIRS for n in pair), *recognition.V_NORMS)):
             return None, None, None
         p = self.params(module)
-        head_dim = getattr(module, "head_dim", None)  # HF 5.x layers keep head_dim, not their head count
-        if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim < 1:
-            head_dim = p.w_q.shape[0] // _n_head(module)
+        head_dim = _head_dim(module, p)
         return qk_norms(module, p.w_q.shape[0] // head_dim, head_dim, p.w_k.shape[0] // head_dim)
 
     def _scale(self, module: nn.Module) -> tuple[float | None, str]:
         """The softmax scale the layer states (:func:`adapters_call.layer_scale`), at its head width."""
-        head_dim = getattr(module, "head_dim", None)  # HF 5.x layers keep head_dim, not their head count
-        if not isinstance(head_dim, int) or isinstance(head_dim, bool):
-            try:
-                head_dim = self.params(module).w_q.shape[0] // _n_head(module)
-            except NotApplicable:
-                return None, ""
+        try:
+            head_dim = _head_dim(module, self.params(module))
+        except NotApplicable:
+            return None, ""
         return layer_scale(module, head_dim) if head_dim > 0 else (None, "")
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -247,12 +247,38 @@ class StructuralAdapter(Adapter):
             if converted is not None or sig.mask_required:
                 kwargs[sig.mask] = converted
         if sig.rotary is not None:
-            head_dim = int(getattr(module, "head_dim", 0) or self.params(module).w_q.shape[0] // _n_head(module))
+            head_dim = _head_dim(module, self.params(module))
             kwargs[sig.rotary] = position_embeddings(module, q, conv.rotary, head_dim)
         return kwargs
 
     def set_dropout(self, module: nn.Module, p: float) -> bool:
         return set_all_dropout(module, p)
+
+
+def _per_head(module: nn.Module, w: torch.Tensor, b: torch.Tensor | None, w_o: torch.Tensor,
+              b_o: torch.Tensor | None) -> MHAParams:
+    """q, k, v of a (3D, D) projection whose rows are grouped per head, [q_h; k_h; v_h] for each head h
+    (GPT-NeoX views its output as (B, L, H, 3 Hd) and chunks the last axis): copies, in our layout."""
+    d = w_o.shape[1]
+    head_dim = _head_dim(module, MHAParams(w_o, None, w_o, None, w_o, None, w_o, None))
+    n = d // head_dim
+    # (3D, D) -> (H, 3, Hd, D) -> three (H * Hd, D); biases (3D,) -> (H, 3, Hd) -> three (D,)
+    parts = w.reshape(n, 3, head_dim, w.shape[1]).unbind(1)
+    w_q, w_k, w_v = (p.reshape(d, w.shape[1]) for p in parts)
+    if b is None:
+        return MHAParams(w_q, None, w_k, None, w_v, None, w_o, b_o)
+    b_q, b_k, b_v = (p.reshape(d) for p in b.reshape(n, 3, head_dim).unbind(1))
+    return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
+
+
+def _head_dim(module: nn.Module, params: MHAParams) -> int:
+    """The layer's head width: its ``head_dim`` or ``head_size`` (HF 5.x layers keep it, not their head
+    count), else the query rows over its head count."""
+    for attr in ("head_dim", "head_size"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return params.w_q.shape[0] // _n_head(module)
 
 
 def _n_head(module: nn.Module) -> int:
@@ -269,13 +295,23 @@ class FusedQKVAdapter(StructuralAdapter):
     name = "fused_qkv"
     description = "qkv+proj (timm), c_attn+c_proj (nanoGPT, GPT-2 incl. HF Conv1D)"
 
-    def _names(self, module: nn.Module) -> tuple[str, str] | None:
+    def _row(self, module: nn.Module) -> tuple[str, str, bool] | None:
+        """(fused name, output name, rows per head) of the row that names ``module``'s projections."""
         for row in recognition.layouts(self.name):
             assert row.fused is not None
             out = next((o for o in row.out if _linear_like(getattr(module, o, None))), None)
             if _linear_like(getattr(module, row.fused, None)) and out is not None:
-                return row.fused, out
+                return row.fused, out, row.per_head
         return None
+
+    def _names(self, module: nn.Module) -> tuple[str, str] | None:
+        row = self._row(module)
+        return None if row is None else row[:2]
+
+    def sources(self, module: nn.Module) -> list[torch.Tensor]:
+        names = self._names(module)
+        assert names is not None
+        return [p for name in names for p in getattr(module, name).parameters()]
 
     def matches(self, module: nn.Module) -> bool:
         names = self._names(module)
@@ -292,6 +328,9 @@ class FusedQKVAdapter(StructuralAdapter):
         w, b = weight_bias(getattr(module, names[0]))
         w_o, b_o = weight_bias(getattr(module, names[1]))
         d = w_o.shape[1]
+        row = self._row(module)
+        if row is not None and row[2]:
+            return _per_head(module, w, b, w_o, b_o)
         kv = (w.shape[0] - d) // 2
         w_q, w_k, w_v = w.split((d, kv, kv))
         b_q, b_k, b_v = (None, None, None) if b is None else b.split((d, kv, kv))

@@ -20,7 +20,8 @@ class Projections:
     """One naming of a layer's projections.
 
     q, k, v: the separate input projections, or None with ``fused``: one (3D, D) projection
-    chunked into q, k, v in that order. out: the candidate names of the output projection
+    chunked into q, k, v in that order, or with ``per_head`` into the q, k and v rows of each
+    head in turn (GPT-NeoX's (H, 3 Hd) view). out: the candidate names of the output projection
     (empty: the layer has none, as HF BERT's self-attention).
     """
 
@@ -31,6 +32,7 @@ class Projections:
     out: tuple[str, ...]
     fused: str | None = None
     where: str = ""
+    per_head: bool = False
 
 
 PROJECTIONS: tuple[Projections, ...] = (
@@ -40,6 +42,8 @@ PROJECTIONS: tuple[Projections, ...] = (
     Projections("fused_qkv", None, None, None, ("proj", "projection"), fused="qkv", where="timm; HF BLIP, BLIP-2"),
     Projections("fused_qkv", None, None, None, ("o_proj",), fused="qkv_proj", where="HF Phi-3 (grouped-query)"),
     Projections("fused_qkv", None, None, None, ("c_proj",), fused="c_attn", where="nanoGPT, GPT-2 (HF Conv1D)"),
+    Projections("fused_qkv", None, None, None, ("dense",), fused="query_key_value", per_head=True,
+                where="HF GPT-NeoX (q, k, v rows of each head in turn)"),
     Projections("separate_qkv", "q_proj", "k_proj", "v_proj", ("o_proj", "out_proj", "output_proj"),
                 where="HF Llama, Mistral, BART, Whisper; fairseq; torchtune"),
     Projections("separate_qkv", "to_q", "to_k", "to_v", ("to_out",),

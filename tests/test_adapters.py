@@ -153,3 +153,11 @@ def test_library_style_layer_across_the_export_boundary(spec: str, bug: bool, tm
     assert results["oracle_agreement"].verdict == ("fail" if bug else "pass"), results["oracle_agreement"]
     if bug:
         assert "output vs float64 oracle" in (results["oracle_agreement"].reason or "")
+
+
+@pytest.mark.parametrize(("layer", "verdict"), [("PerHeadFused", "pass"), ("PerHeadFusedChunkedAsBlocks", "fail")])
+def test_a_fused_projection_grouped_per_head_is_split_per_head(layer: str, verdict: str) -> None:
+    # GPT-NeoX's query_key_value: q, k, v rows of each head in turn (zero user code)
+    target = load_target("tests/fixtures/per_head_fused.py:" + layer)
+    result = run_property(all_properties()["oracle_agreement"], target, settings=profiles.PROFILES["quick"], seed=0)
+    assert result.verdict == verdict and result.examples >= 2, result
