@@ -1,5 +1,6 @@
 """transformers layers whose scores go beyond q k^T / sqrt(Hd), verified with zero user code: the
-conventions are read from each layer (QK-norm, soft-cap, position bias) and the oracle applies
+conventions are read from each layer (QK-norm, soft-cap, position bias, GPT-NeoX's per-head
+fused projection) and the oracle applies
 them (``mha/scoring.py``); skipped with the reason when transformers is not installed."""
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ HF = "transformers.models.{0}.modeling_{0}:{1}"
     ("chameleon", "ChameleonAttention", "q LayerNorm per head"),
     ("gemma2", "Gemma2Attention", "logits soft-capped at 50 (its attn_logit_softcapping)"),
     ("t5", "T5Attention", "position bias from T5Attention.compute_bias"),
+    ("gpt_neox", "GPTNeoXAttention", "rotary base 10000, halves, 0.25 of each head; adapter fused_qkv"),
+    ("diffusion_gemma", "DiffusionGemmaEncoderTextAttention", "v RMSNorm per head"),
 ])
 def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: str) -> None:
     pytest.importorskip("transformers")
