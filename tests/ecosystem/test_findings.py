@@ -269,15 +269,37 @@ def test_step3p7_vision_rotary_runs_in_float32_for_float64_inputs() -> None:
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
 
-def test_qwen3_qk_norm_runs_in_float32_for_float64_inputs() -> None:
-    # HF's RMSNorm "upcasts" with hidden_states.to(torch.float32): a float64 input is rounded to
-    # float32, so Qwen3's (and every Llama-style) QK-norm loses float64's precision: gradcheck fails
-    pytest.importorskip("transformers")
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+# every class the QK-norm sweep failed on gradcheck alone (docs/ecosystem.md): its norm's module and class
+QK_NORMS_IN_FLOAT32 = [
+    ("qwen3", "Qwen3RMSNorm"), ("apertus", "ApertusRMSNorm"), ("diffusion_gemma", "DiffusionGemmaRMSNorm"),
+    ("dots1", "Dots1RMSNorm"), ("exaone4", "Exaone4RMSNorm"), ("exaone_moe", "ExaoneMoeRMSNorm"),
+    ("flex_olmo", "FlexOlmoRMSNorm"), ("gemma3", "Gemma3RMSNorm"), ("gemma3n", "Gemma3nRMSNorm"),
+    ("hy_v3", "HYV3RMSNorm"), ("kolibri1", "Kolibri1RMSNorm"), ("lara_mini", "LaraMiniRMSNorm"),
+    ("lfm2", "Lfm2RMSNorm"), ("lfm2_moe", "Lfm2MoeRMSNorm"), ("mellum", "MellumRMSNorm"),
+    ("minimax_m2", "MiniMaxM2RMSNorm"), ("molmo2", "Molmo2RMSNorm"), ("olmo2", "Olmo2RMSNorm"),
+    ("olmo3", "Olmo3RMSNorm"), ("olmoe", "OlmoeRMSNorm"),
+]
 
-    norm = Qwen3RMSNorm(8, eps=1e-6).double()
+
+@pytest.mark.parametrize(("model", "cls"), QK_NORMS_IN_FLOAT32)
+def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> None:
+    # HF's RMSNorms "upcast" with hidden_states.to(torch.float32) (or .float()): a float64 input is
+    # rounded to float32, so these layers' QK-norm loses float64's precision and gradcheck fails
+    pytest.importorskip("transformers")
+    import importlib
+    import inspect
+
+    try:
+        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    except ImportError as exc:
+        pytest.skip(f"transformers has no {model} here: {exc}")
+    norm_cls = getattr(module, cls)
+    takes_size = len([p for p in inspect.signature(norm_cls).parameters.values() if p.default is p.empty]) > 0
+    norm = (norm_cls(8) if takes_size else norm_cls()).double()
+    eps = next(float(getattr(norm, a)) for a in ("eps", "variance_epsilon") if hasattr(norm, a))
     x = torch.randn(3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    exact = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-    got = norm(x)
+    exact = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # weights at init: w = 1, or 1 + w with w = 0
+    with torch.no_grad():
+        got = norm(x)
     assert got.dtype == torch.float64
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
