@@ -303,3 +303,36 @@ def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> Non
         got = norm(x)
     assert got.dtype == torch.float64
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
+
+
+def test_diffusers_rms_norm_runs_in_float32_for_float64_inputs() -> None:
+    # diffusers' RMSNorm takes its variance of hidden_states.to(torch.float32): AnyFlow's QK-norm
+    pytest.importorskip("diffusers")
+    from diffusers.models.normalization import RMSNorm
+
+    norm = RMSNorm(8, eps=1e-6).double()
+    x = torch.randn(3, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    exact = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    with torch.no_grad():
+        got = norm(x)
+    assert got.dtype == torch.float64
+    assert 1e-9 < float((got - exact).abs().max()) < 1e-6
+
+
+def test_minimax_h3_video_attention_normalizes_q_and_k_in_float32_for_float64_inputs() -> None:
+    # its processor calls attn.norm_q(query.float()): a float64 layer's QK-norm is rounded to float32
+    pytest.importorskip("diffusers")
+    import torch.nn.functional as F
+    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoAttention
+
+    torch.manual_seed(0)
+    attn = MiniMaxH3VideoAttention(dim=8, heads=2, dim_head=4).double().eval()
+    x = torch.randn(1, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = attn(x)
+        q, k, v = (p(x).unflatten(2, (2, -1)) for p in (attn.to_q, attn.to_k, attn.to_v))  # (B, L, H, Hd)
+        q, k = attn.norm_q(q), attn.norm_k(k)  # torch's RMSNorm, in float64
+        heads = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        exact = attn.to_out[0](heads.transpose(1, 2).flatten(2))
+    assert got.dtype == torch.float64
+    assert 1e-9 < float((got - exact).abs().max()) < 1e-5  # float32 rounding, in a float64 result
