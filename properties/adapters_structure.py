@@ -124,6 +124,11 @@ class StructuralAdapter(Adapter):
         if learned:  # TimesFM: softplus(scaling) per query dimension
             raise ValueError(f"{type(module).__name__} scales its queries by a learned parameter ({learned[0]}): "
                              "a step the oracle does not model, so it cannot be verified yet")
+        p = self.params(module)
+        if p.w_o is not None and p.w_q.shape[0] != p.w_o.shape[1]:  # Qwen3-Next: q_proj gives q and a gate
+            raise ValueError(f"{type(module).__name__}'s query projection gives {p.w_q.shape[0]} features where its "
+                             f"output projection takes {p.w_o.shape[1]}: queries and something more (an output "
+                             "gate), a step the oracle does not model, so it cannot be verified yet")
         position_bias = layer_position_bias(module)
         extra = self._unmodelled(module, (q_norm, k_norm, v_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL

@@ -170,3 +170,9 @@ def test_a_layer_with_parameters_no_step_of_the_oracle_uses_is_refused_naming_th
     # judged against plain attention, Dory's learned query scale and gate would be a false FAIL
     with pytest.raises(TargetError, match=r"GatedOutput has parameters no step of the oracle uses \(sqk\)"):
         load_target(FIXTURE + "GatedOutput")
+
+
+def test_a_query_projection_wider_than_the_output_projection_takes_is_refused() -> None:
+    with pytest.raises(TargetError, match=r"QueryAndGate's query projection gives 16 features where its output "
+                                          r"projection takes 8"):
+        load_target(FIXTURE + "QueryAndGate")
