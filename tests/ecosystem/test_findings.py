@@ -336,3 +336,22 @@ def test_minimax_h3_video_attention_normalizes_q_and_k_in_float32_for_float64_in
         exact = attn.to_out[0](heads.transpose(1, 2).flatten(2))
     assert got.dtype == torch.float64
     assert 1e-9 < float((got - exact).abs().max()) < 1e-5  # float32 rounding, in a float64 result
+
+
+def test_gemma2_eager_attention_runs_its_softmax_in_float32_for_float64_inputs() -> None:
+    # eager_attention_forward: softmax(attn_weights, dtype=torch.float32).to(query.dtype), so a float64
+    # layer's weights carry float32 rounding: gradcheck fails on Gemma 2 (which runs eager for its soft-cap)
+    pytest.importorskip("transformers")
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))  # (B, H, L, Hd)
+
+    class Owner(torch.nn.Module):  # what eager_attention_forward reads of its layer
+        num_key_value_groups = 1
+        training = False
+
+    out, weights = eager_attention_forward(Owner(), q, k, v, None, dropout=0.0, scaling=0.5)
+    exact = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
+    assert weights.dtype == torch.float64
+    assert 1e-10 < float((weights - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
