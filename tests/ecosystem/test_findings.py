@@ -351,7 +351,7 @@ def test_gemma2_eager_attention_runs_its_softmax_in_float32_for_float64_inputs()
         num_key_value_groups = 1
         training = False
 
-    out, weights = eager_attention_forward(Owner(), q, k, v, None, dropout=0.0, scaling=0.5)
+    _, weights = eager_attention_forward(Owner(), q, k, v, None, dropout=0.0, scaling=0.5)
     exact = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
     assert weights.dtype == torch.float64
     assert 1e-10 < float((weights - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
