@@ -142,7 +142,7 @@ class PositionBias:
 class Scoring:
     """Everything that forms a layer's scores besides the mask (see the module's docstring).
 
-    scale: the factor on q k^T (None: 1 / sqrt(Hd)); rotary; q_norm, k_norm; softcap (a cap > 0, or
+    scale: the factor on q k^T (None: 1 / sqrt(Hd)); rotary; q_norm, k_norm, v_norm; softcap (a cap > 0, or
     None); bias; window (W >= 1 keys, or None). The default is the textbook's attention."""
 
     scale: float | None = None
