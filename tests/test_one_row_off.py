@@ -40,6 +40,7 @@ AUDIT = {
     "rows_sum_to_one": "WeightsRowOff",
     "mask_zeroes_weights": "MaskedWeightsOff",
     "gradcheck": "GradientRowOff",
+    "window_locality": "WindowLeaks",
 }
 # the properties whose verdict is not a comparison within an allowance
 NO_ALLOWANCE = {
