@@ -4,7 +4,9 @@ Position p of a head x (..., L, Hd) is rotated pairwise by angles p * base^(-2i/
 where r = :meth:`Rotary.dims` of the head width are rotated and the rest pass through. The
 pairs are either the two halves (i, i + r/2): GPT-NeoX's and Llama's ``rotate_half``, the
 layout of HF's ``apply_rotary_pos_emb``; or neighbours (2i, 2i + 1): the original paper's,
-GPT-J's ``rotate_every_two``. Positions run 0 .. L-1 along q's and k's own length.
+GPT-J's ``rotate_every_two``. Positions run 0 .. L-1 along q's and k's own length. A few
+layers turn the other way (NanoChat's ``rotate_half`` returns ``cat(x2, -x1)``): ``reverse``
+rotates by -p * base^(-2i/r), as valid a position code, and a different one.
 
 Written from the formula, independent of any library's tables: a layer verified under it has
 its own rotary verified (a half/interleaved mix-up, a wrong base, an offset position), not
@@ -22,11 +24,13 @@ import torch
 @dataclass(frozen=True)
 class Rotary:
     """base: the theta of RoPE (10000 in most layers); interleaved: neighbours pair, not halves;
-    fraction: of the head width rotated (partial rotary, GPT-NeoX's ``rotary_pct``)."""
+    fraction: of the head width rotated (partial rotary, GPT-NeoX's ``rotary_pct``); reverse: the
+    rotation turns by minus the angle (NanoChat's)."""
 
     base: float = 10000.0
     interleaved: bool = False
     fraction: float = 1.0
+    reverse: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.base) and self.base > 1.0):
@@ -49,7 +53,8 @@ class Rotary:
     def describe(self) -> str:
         layout = "interleaved pairs" if self.interleaved else "halves"
         part = "" if self.fraction == 1.0 else f", {self.fraction:g} of each head"
-        return f"rotary base {self.base:g}, {layout}{part}"
+        turn = ", turning the other way" if self.reverse else ""
+        return f"rotary base {self.base:g}, {layout}{part}{turn}"
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., L, Hd) rotated by position along its L axis, in x's dtype.
@@ -67,6 +72,8 @@ class Rotary:
         inv_freq = (1.0 / self.base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)).to(exact)  # (r/2,)
         angles = torch.arange(length, dtype=exact)[:, None] * inv_freq  # (L, r/2)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        if self.reverse:  # sin(-a) = -sin(a): the same rounding as the layer's negated rotate_half
+            sin = -sin
         rot, rest = x[..., :r], x[..., r:]
         if self.interleaved:
             a, b = rot[..., 0::2], rot[..., 1::2]  # (..., L, r/2) each

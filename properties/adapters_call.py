@@ -279,33 +279,14 @@ def has_dropout(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules()) or bool(dropout_attrs(module))
 
 
-_STRIDED = re.compile(r"\[\s*\.\.\.\s*,\s*[01]\s*::\s*2\s*\]")
-
-
-def interleaved_rotary(module: nn.Module) -> bool:
-    """Whether the layer's module rotates neighbouring columns (GLM's, Helium's ``rotate_half``:
-    ``x[..., 0::2]``; GPT-J's ``rotate_every_two``) rather than halves (Llama's). Read from the
-    source text of that function, never by running it."""
-    namespace = vars(sys.modules.get(type(module).__module__, types.ModuleType("none")))
-    for name in ("rotate_half", "rotate_every_two"):
-        fn = namespace.get(name)
-        if callable(fn):
-            try:
-                return bool(_STRIDED.search(inspect.getsource(fn)))
-            except (OSError, TypeError):
-                return False
-    return False
-
-
-def rotary_of(config: object, interleaved: bool = False) -> tuple[Rotary | None, str]:
+def rotary_of(config: object) -> tuple[Rotary | None, str]:
     """(the rotary embeddings an HF config describes, how we know) or (None, why not).
 
     transformers 5.x keeps them in ``rope_parameters`` (``rope_theta``, ``rope_type``,
     ``partial_rotary_factor``), 4.x in ``rope_theta`` and ``rope_scaling``. Only the default
     rope type is the formula of :class:`mha.rotary.Rotary`; scaled types (linear, dynamic, yarn,
     llama3, longrope) change the frequencies, and are left out (identity rotation) with a note.
-    The layout: halves (HF's ``rotate_half``), or neighbours with ``interleaved``
-    (:func:`interleaved_rotary`).
+    The layout is halves here; the layer's own is read by :mod:`properties.rotary_reading`.
     """
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and "rope_theta" in params:
@@ -322,8 +303,8 @@ def rotary_of(config: object, interleaved: bool = False) -> tuple[Rotary | None,
         return None, f"rotary replaced by a rotation by 0: rope type {rope_type!r} is not the default formula"
     if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
         return None, f"rotary replaced by a rotation by 0: partial_rotary_factor={fraction!r}"
-    rotary = Rotary(float(theta), interleaved, float(fraction))
-    return rotary, f"{rotary.describe()} (its config" + (", and its rotate_half's strides)" if interleaved else ")")
+    rotary = Rotary(float(theta), False, float(fraction))
+    return rotary, f"{rotary.describe()} (its config)"
 
 
 def library_rotary(module: nn.Module) -> nn.Module | None:
@@ -393,7 +374,6 @@ __all__ = [
     "first_output",
     "has_dropout",
     "identity_rotary",
-    "interleaved_rotary",
     "is_same_input",
     "layer_position_bias",
     "layer_scale",

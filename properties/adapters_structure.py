@@ -37,6 +37,8 @@ A layer's ``mha_verify_conventions`` class attribute overrides any of these (che
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -50,7 +52,6 @@ from mha_verify.properties.adapters_call import (
     detect_causal,
     first_output,
     has_dropout,
-    interleaved_rotary,
     is_same_input,
     layer_position_bias,
     layer_scale,
@@ -63,6 +64,7 @@ from mha_verify.properties.adapters_call import (
 )
 from mha_verify.properties.protocol import Conventions, NotApplicable
 from mha_verify.properties.qk_norm import qk_norms
+from mha_verify.properties.rotary_reading import rotary_layout
 
 
 def _linear_like(layer: object) -> bool:
@@ -142,8 +144,14 @@ class StructuralAdapter(Adapter):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
         scale, scale_how = self._scale(module)
-        rotary, rotary_how = rotary_of(getattr(module, "config", None), interleaved_rotary(module)) \
-            if sig.rotary else (None, "")
+        rotary, rotary_how = rotary_of(getattr(module, "config", None)) if sig.rotary else (None, "")
+        if rotary is not None:
+            layout, layout_how = rotary_layout(module, rotary.base)
+            if layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified
+                rotary, rotary_how = None, f"rotary replaced by a rotation by 0: {layout_how}"
+            else:
+                rotary = dataclasses.replace(rotary, interleaved=layout[0], reverse=layout[1])
+                rotary_how = f"{rotary.describe()} (its config; the layout from {layout_how})"
         window = getattr(getattr(module, "config", None), "sliding_window", None)
         # HF applies a sliding window through the mask its model builds (sdpa, eager), not in the
         # layer: the layer alone is full (causal) attention, and the report says so

@@ -200,7 +200,7 @@ class Interface:
 
 
 #: conventions only an eager target states (no file or flag does): keys and values in one argument,
-#: rotary embeddings (``base;interleaved;fraction``), soft-cap, sliding window, ALiBi
+#: rotary embeddings (``base;interleaved;fraction;reverse``), soft-cap, sliding window, ALiBi
 EAGER_ONLY = ("kv_shared", "rotary", "softcap", "window", "alibi")
 
 
@@ -224,7 +224,8 @@ def eager_conventions(conv: Conventions) -> dict[str, str]:
         out["kv_shared"] = "true"
     if conv.rotary is not None:
         r = conv.rotary
-        out["rotary"] = f"{r.base!r};{'true' if r.interleaved else 'false'};{r.fraction!r}"
+        out["rotary"] = f"{r.base!r};{'true' if r.interleaved else 'false'};{r.fraction!r};" \
+                        f"{'true' if r.reverse else 'false'}"
     if conv.softcap is not None:
         out["softcap"] = repr(float(conv.softcap))
     if conv.window is not None:
@@ -236,8 +237,8 @@ def eager_conventions(conv: Conventions) -> dict[str, str]:
 
 def rotary_from(text: str) -> Rotary:
     """:func:`eager_conventions`' ``rotary`` text -> a Rotary (ValueError for any other text)."""
-    base, interleaved, fraction = text.split(";")
-    return Rotary(float(base), interleaved == "true", float(fraction))
+    base, interleaved, fraction, reverse = text.split(";")
+    return Rotary(float(base), interleaved == "true", float(fraction), reverse == "true")
 
 
 def parse_input_map(text: str | None) -> dict[str, str]:

@@ -124,7 +124,7 @@ class Conventions:
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
         negation), kv_shared, weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
-        (None, or a mapping of base, interleaved, fraction: ``{"base": 10000.0}``), softcap (a
+        (None, or a mapping of base, interleaved, fraction, reverse: ``{"base": 10000.0}``), softcap (a
         positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias).
         """
         changes: dict[str, object] = {}
@@ -221,16 +221,17 @@ def _rotary(value: object) -> Rotary | None:
     if value is None or isinstance(value, Rotary):
         return value
     if not isinstance(value, Mapping):
-        raise TypeError("expected None or a mapping of base, interleaved, fraction")
-    unknown = set(value) - {"base", "interleaved", "fraction"}
+        raise TypeError("expected None or a mapping of base, interleaved, fraction, reverse")
+    unknown = set(value) - {"base", "interleaved", "fraction", "reverse"}
     if unknown:
-        raise ValueError(f"unknown rotary keys {sorted(unknown)}; known: base, interleaved, fraction")
-    base, interleaved, fraction = value.get("base", 10000.0), value.get("interleaved", False), \
-        value.get("fraction", 1.0)
+        raise ValueError(f"unknown rotary keys {sorted(unknown)}; known: base, interleaved, fraction, reverse")
+    base, interleaved, fraction, reverse = value.get("base", 10000.0), value.get("interleaved", False), \
+        value.get("fraction", 1.0), value.get("reverse", False)
     if isinstance(base, bool) or not isinstance(base, (int, float)) or isinstance(fraction, bool) \
-            or not isinstance(fraction, (int, float)) or not isinstance(interleaved, bool):
-        raise TypeError("expected base and fraction numbers, interleaved True or False")
-    return Rotary(float(base), interleaved, float(fraction))
+            or not isinstance(fraction, (int, float)) or not isinstance(interleaved, bool) \
+            or not isinstance(reverse, bool):
+        raise TypeError("expected base and fraction numbers, interleaved and reverse True or False")
+    return Rotary(float(base), interleaved, float(fraction), reverse)
 
 
 def _alibi(value: object) -> PositionBias | None:

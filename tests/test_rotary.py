@@ -51,10 +51,14 @@ def test_examples_for_a_rotary_layer_draw_head_widths_it_can_rotate(ex: AttnExam
 
 def test_rotary_is_read_from_the_layers_config_and_declarable() -> None:
     conv = load_target(FIXTURE + "RotaryAttention").build(16, 2).conventions
-    assert conv.rotary == Rotary(10000.0) and "rotary base 10000, halves (its config)" in conv.describe()
+    assert conv.rotary == Rotary(10000.0)
+    assert "rotary base 10000, halves (its config; the layout from its rotate_half on a probe)" in conv.describe()
     assert Conventions().declare({"rotary": {"base": 500, "interleaved": True}}).rotary == Rotary(500.0, True)
+    assert Conventions().declare({"rotary": {"reverse": True}}).rotary == Rotary(reverse=True)
     with pytest.raises(ValueError, match="unknown rotary keys"):
         Conventions().declare({"rotary": {"theta": 500}})
+    with pytest.raises(ValueError, match="interleaved and reverse True or False"):
+        Conventions().declare({"rotary": {"reverse": 1}})
 
 
 @pytest.mark.parametrize(("layer", "verdict"), [
@@ -78,3 +82,35 @@ def test_permutations_cannot_apply_under_rotary() -> None:
     result = run_property(all_properties()["query_permutation"], load_target(FIXTURE + "RotaryBidirectional"),
                           settings=QUICK)
     assert result.verdict == "n/a" and "rotary embeddings make the scores depend on positions" in str(result.reason)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_reverse_rotary_undoes_the_forward_one(interleaved: bool) -> None:
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    turned = Rotary(interleaved=interleaved).apply(x)
+    assert not torch.allclose(turned, x)
+    torch.testing.assert_close(Rotary(interleaved=interleaved, reverse=True).apply(turned), x)
+
+
+@pytest.mark.parametrize(("layer", "rotary", "verdict"), [
+    ("rotary_reversed.py:ReversedRotary", Rotary(reverse=True), "pass"),
+    ("rotary_reversed.py:ReversedQueriesForwardKeys", Rotary(reverse=True), "fail"),
+    ("rotary_complex.py:ComplexPairsRotary", Rotary(interleaved=True), "pass"),
+    ("rotary_complex.py:ComplexPairsTransposedKeys", Rotary(interleaved=True), "fail"),
+])
+def test_a_layers_rotary_layout_and_direction_are_read_by_running_its_functions(layer: str, rotary: Rotary,
+                                                                                verdict: str) -> None:
+    target = load_target("tests/fixtures/" + layer)
+    assert target.build(16, 2).conventions.rotary == rotary
+    result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
+    assert result.verdict == verdict and result.examples >= 5, result
+
+
+def test_a_rotary_no_formula_matches_is_replaced_by_a_rotation_by_zero_and_said() -> None:
+    target = load_target("tests/fixtures/rotary_unknown.py:DoubleSpeedRotary")
+    conv = target.build(16, 2).conventions
+    assert conv.rotary is None
+    assert "rotary replaced by a rotation by 0: its apply_rotary_pos_emb matches no rotary formula" \
+        in conv.describe()
+    result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
+    assert result.verdict == "pass" and result.examples >= 5, result

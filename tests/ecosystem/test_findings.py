@@ -278,6 +278,9 @@ QK_NORMS_IN_FLOAT32 = [
     ("lfm2", "Lfm2RMSNorm"), ("lfm2_moe", "Lfm2MoeRMSNorm"), ("mellum", "MellumRMSNorm"),
     ("minimax_m2", "MiniMaxM2RMSNorm"), ("molmo2", "Molmo2RMSNorm"), ("olmo2", "Olmo2RMSNorm"),
     ("olmo3", "Olmo3RMSNorm"), ("olmoe", "OlmoeRMSNorm"),
+    # and those whose rotary read as Llama's had hidden it (gradcheck alone once it was read right)
+    ("nanochat", "NanoChatRMSNorm"), ("pe_audio", "PeAudioEncoderRMSNorm"),
+    ("pe_audio_video", "PeAudioVideoEncoderRMSNorm"), ("pe_video", "PeVideoEncoderRMSNorm"),
 ]
 
 
@@ -301,6 +304,25 @@ def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> Non
     exact = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # weights at init: w = 1, or 1 + w with w = 0
     with torch.no_grad():
         got = norm(x)
+    assert got.dtype == torch.float64
+    assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
+
+
+@pytest.mark.parametrize("model", ["cohere", "cohere2", "cohere2_moe"])
+def test_cohere_rotary_runs_in_float32_for_float64_inputs(model: str) -> None:
+    # Cohere's apply_rotary_pos_emb takes q.float() and k.float(): a float64 input is rounded to float32
+    pytest.importorskip("transformers")
+    import importlib
+
+    try:
+        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    except ImportError as exc:
+        pytest.skip(f"transformers has no {model} here: {exc}")
+    q = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # (B, H, L, Hd)
+    angles = torch.linspace(0.1, 2.0, 5 * 2, dtype=torch.float64).reshape(1, 5, 2).repeat_interleave(2, dim=-1)
+    got, _ = module.apply_rotary_pos_emb(q, q, angles.cos(), angles.sin())
+    pairs = torch.stack((-q[..., 1::2], q[..., 0::2]), dim=-1).flatten(-2)  # its layout: neighbouring columns
+    exact = q * angles.cos()[:, None] + pairs * angles.sin()[:, None]
     assert got.dtype == torch.float64
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
