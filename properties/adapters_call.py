@@ -187,17 +187,24 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
     for name, buf in module.named_buffers(recurse=False):
         if _lower_triangular(buf):
             return True, f"causal from its lower-triangular buffer {name!r}"
-    # the forward, and a diffusers processor's __call__ (the layer's forward hands the work to it)
-    processor = getattr(module, "processor", None)
-    call = type(processor).__call__ if processor is not None and callable(processor) else None
-    for where, fn in (("its forward", type(module).forward), ("its processor", call)):
-        try:
-            source = inspect.getsource(fn) if fn is not None else ""
-        except (OSError, TypeError):
-            source = ""
+    for where, source in forward_sources(module):
         if _SDPA_CAUSAL.search(source):
             return True, f"causal from is_causal=True in {where}"
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
+
+
+def forward_sources(module: nn.Module) -> list[tuple[str, str]]:
+    """(where, source text) of the layer's forward and of a diffusers processor's ``__call__``
+    (the layer's forward hands the work to it); "" where the source cannot be read."""
+    processor = getattr(module, "processor", None)
+    call = type(processor).__call__ if processor is not None and callable(processor) else None
+    out = []
+    for where, fn in (("its forward", type(module).forward), ("its processor", call)):
+        try:
+            out.append((where, inspect.getsource(fn) if fn is not None else ""))
+        except (OSError, TypeError):
+            out.append((where, ""))
+    return out
 
 
 #: attributes where layers keep the softmax scale they apply: HF's ``self.scaling`` (passed to
@@ -279,7 +286,19 @@ def has_dropout(module: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.dropout._DropoutNd) for m in module.modules()) or bool(dropout_attrs(module))
 
 
-def rotary_of(config: object) -> tuple[Rotary | None, str]:
+def layer_type_of(module: nn.Module) -> str | None:
+    """The layer's type where its config gives each layer one (Gemma 3's ``layer_types``:
+    "sliding_attention" or "full_attention", each with its own rotary), else None."""
+    own = getattr(module, "layer_type", None)
+    if isinstance(own, str):
+        return own
+    types_, idx = getattr(getattr(module, "config", None), "layer_types", None), getattr(module, "layer_idx", None)
+    if isinstance(types_, (list, tuple)) and isinstance(idx, int) and 0 <= idx < len(types_):
+        return str(types_[idx])
+    return None
+
+
+def rotary_of(config: object, layer_type: str | None = None) -> tuple[Rotary | None, str]:
     """(the rotary embeddings an HF config describes, how we know) or (None, why not).
 
     transformers 5.x keeps them in ``rope_parameters`` (``rope_theta``, ``rope_type``,
@@ -289,6 +308,8 @@ def rotary_of(config: object) -> tuple[Rotary | None, str]:
     The layout is halves here; the layer's own is read by :mod:`properties.rotary_reading`.
     """
     params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]  # Gemma 3: one set of rotary parameters per layer type
     if isinstance(params, dict) and "rope_theta" in params:
         theta, rope_type = params.get("rope_theta"), params.get("rope_type", "default")
         fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
@@ -326,6 +347,17 @@ def library_rotary(module: nn.Module) -> nn.Module | None:
     return None
 
 
+def rotary_cos_sin(emb: nn.Module, module: nn.Module, x: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of the library's rotary embedding ``emb`` for ``module``: with its layer type where
+    the embedding's forward takes one (Gemma 3's ``forward(x, position_ids, layer_type)``)."""
+    if "layer_type" in inspect.signature(emb.forward).parameters:
+        cos, sin = emb(x, positions, layer_type_of(module))
+    else:
+        cos, sin = emb(x, positions)
+    return cos, sin
+
+
 def position_embeddings(module: nn.Module, x: torch.Tensor, rotary: Rotary | None,
                         head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's ``position_embeddings`` (cos, sin), each (B, L, r), for positions 0 .. L-1 of x (B, L, D):
@@ -337,8 +369,7 @@ def position_embeddings(module: nn.Module, x: torch.Tensor, rotary: Rotary | Non
     positions = torch.arange(L, device=x.device)[None].expand(B, L)
     emb = library_rotary(module)
     if emb is not None:
-        cos, sin = emb(x, positions)
-        return cos, sin
+        return rotary_cos_sin(emb, module, x, positions)
     r = rotary.dims(head_dim)
     inv_freq = 1.0 / rotary.base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
     angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # (B, L, r/2)
@@ -372,16 +403,19 @@ __all__ = [
     "detect_causal",
     "dropout_attrs",
     "first_output",
+    "forward_sources",
     "has_dropout",
     "identity_rotary",
     "is_same_input",
     "layer_position_bias",
     "layer_scale",
     "layer_softcap",
+    "layer_type_of",
     "library_rotary",
     "position_embeddings",
     "read_signature",
     "returns_weights",
+    "rotary_cos_sin",
     "rotary_of",
     "set_all_dropout",
 ]

@@ -51,11 +51,13 @@ from mha_verify.properties.adapters_call import (
     MaskFormat,
     detect_causal,
     first_output,
+    forward_sources,
     has_dropout,
     is_same_input,
     layer_position_bias,
     layer_scale,
     layer_softcap,
+    layer_type_of,
     position_embeddings,
     read_signature,
     returns_weights,
@@ -110,7 +112,11 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager")
     if read_signature(module).position_bias:
         implementation += "+position_bias"
-    row = recognition.library_format(library_of(module), implementation)
+    library = library_of(module)
+    if library == "diffusers":  # the classic processors repeat a (B, Lq, Lk) mask over heads; others pass it as is
+        prepares = any("prepare_attention_mask" in source for _, source in forward_sources(module))
+        implementation = "prepare_attention_mask" if prepares else "as_is"
+    row = recognition.library_format(library, implementation)
     return row.mask, row.fully_masked, row.note
 
 
@@ -144,7 +150,8 @@ class StructuralAdapter(Adapter):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
         scale, scale_how = self._scale(module)
-        rotary, rotary_how = rotary_of(getattr(module, "config", None)) if sig.rotary else (None, "")
+        rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
+            if sig.rotary else (None, "")
         if rotary is not None:
             layout, layout_how = rotary_layout(module, rotary.base)
             if layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified

@@ -128,8 +128,14 @@ LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
         "x-transformers: attn_mask as a bool keep-mask (bool only)"),
     ("timm", None): LibraryFormat(MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"),
     # Attention.prepare_attention_mask repeats a (B, Lq, Lk) mask over heads and adds it to the scores
-    ("diffusers", None): LibraryFormat(
+    ("diffusers", "prepare_attention_mask"): LibraryFormat(
         MaskFormat("additive", layout="BLL"), "zeros", "diffusers: attention_mask additive, (B, Lq, Lk)"),
+    # a processor without prepare_attention_mask (BriaFibo2's) hands the mask to attention as is: a
+    # (B, Lq, Lk) mask would broadcast as (1, B, Lq, Lk), one item's mask on each head
+    ("diffusers", None): LibraryFormat(
+        MaskFormat("keep"), "zeros",
+        "diffusers: a processor that hands attention_mask to attention as is (no prepare_attention_mask), as SDPA "
+        "takes it"),
 }
 UNKNOWN_LIBRARY = LibraryFormat(
     MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.rotary import Rotary
-from mha_verify.properties.adapters_call import library_rotary
+from mha_verify.properties.adapters_call import library_rotary, rotary_cos_sin
 
 #: (interleaved, reverse) of the four pairings and directions, in the order they are tried
 LAYOUTS = ((False, False), (True, False), (False, True), (True, True))
@@ -51,7 +51,7 @@ def _by_apply(module: nn.Module, apply: Callable[..., Any], base: float) -> tupl
         raise _ProbeNotRunError("no rotary embedding class builds from its config")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1, 6, 8, generator=generator)
-    cos, sin = emb(x, torch.arange(6)[None])  # (1, 6, r)
+    cos, sin = rotary_cos_sin(emb, module, x, torch.arange(6)[None])  # (1, 6, r)
     r = cos.shape[-1]
     if r % 2 or r == 0:
         raise _ProbeNotRunError(f"its rotary embedding gives cos of width {r}")

@@ -114,3 +114,12 @@ def test_a_rotary_no_formula_matches_is_replaced_by_a_rotation_by_zero_and_said(
         in conv.describe()
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
     assert result.verdict == "pass" and result.examples >= 5, result
+
+
+@pytest.mark.parametrize(("layer", "verdict"), [("FullAttentionLayer", "pass"),
+                                               ("FullAttentionAtSlidingBase", "fail")])
+def test_a_layer_types_own_rotary_is_read_from_its_config(layer: str, verdict: str) -> None:
+    target = load_target("tests/fixtures/rotary_layer_types.py:" + layer)
+    assert target.build(16, 2).conventions.rotary == Rotary(1e6)
+    result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
+    assert result.verdict == verdict and result.examples >= 5, result
