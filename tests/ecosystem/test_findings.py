@@ -377,3 +377,75 @@ def test_gemma2_eager_attention_runs_its_softmax_in_float32_for_float64_inputs()
     exact = torch.softmax(q @ k.transpose(-2, -1) * 0.5, dim=-1)
     assert weights.dtype == torch.float64
     assert 1e-10 < float((weights - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
+
+
+def _diffusers_heads(attn: Any, x: torch.Tensor, scale: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """diffusers' Attention (query_dim 8, 2 heads of 4) in plain torch: x (B, L, 8) -> (B, L, 8)."""
+    q, k, v = (lin(x).unflatten(-1, (2, 4)).transpose(1, 2) for lin in (attn.to_q, attn.to_k, attn.to_v))
+    scores = q @ k.transpose(-1, -2) * scale  # (B, H, L, L)
+    if mask is not None:
+        scores = scores + mask[:, None]
+    return attn.to_out[0]((scores.softmax(-1) @ v).transpose(1, 2).flatten(-2))
+
+
+def test_diffusers_attn_processor2_0_ignores_attn_scale_of_a_scale_qk_false_layer() -> None:
+    # Attention(scale_qk=False) has attn.scale = 1 and picks the classic AttnProcessor, which applies
+    # it; AttnProcessor2_0 set on it (set_processor, a model's set_attn_processor) calls SDPA without
+    # scale= ("TODO: add support for attn.scale"), so the layer silently goes back to 1/sqrt(dim_head)
+    pytest.importorskip("diffusers")
+    from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=8, heads=2, dim_head=4, scale_qk=False).double().eval()
+    x = _x(1, 5, 8, torch.float64)
+    assert attn.scale == 1.0 and isinstance(attn.processor, AttnProcessor)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(x), _diffusers_heads(attn, x, 1.0))
+        attn.set_processor(AttnProcessor2_0())
+        torch.testing.assert_close(attn(x), _diffusers_heads(attn, x, 1 / math.sqrt(4)))
+        assert float((attn(x) - _diffusers_heads(attn, x, 1.0)).abs().max()) > 1e-3
+
+
+def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0_gives_to_out_bias() -> None:
+    pytest.importorskip("diffusers")
+    from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
+
+    torch.manual_seed(0)
+    attn = Attention(query_dim=8, heads=2, dim_head=4).double().eval()
+    x = _x(1, 5, 8, torch.float64)
+    mask = torch.zeros(1, 5, 5, dtype=torch.float64)  # additive (B, Lq, Lk)
+    mask[0, 0] = float("-inf")  # query row 0 sees no key
+    with torch.no_grad():
+        assert isinstance(attn.processor, AttnProcessor2_0)
+        fused = attn(x, attention_mask=mask)
+        attn.set_processor(AttnProcessor())
+        classic = attn(x, attention_mask=mask)
+        torch.testing.assert_close(fused[0, 0], attn.to_out[0].bias)  # SDPA: 0 on the row, then the bias
+        assert bool(classic[0, 0].isnan().all())  # baddbmm + softmax of a row of -inf: NaN
+        torch.testing.assert_close(classic[0, 1:], fused[0, 1:])  # the other rows agree
+
+
+def test_vit_eager_attention_runs_its_softmax_in_float32_for_float64_inputs() -> None:
+    pytest.importorskip("transformers")
+    from torch import nn
+    from transformers.models.vit.modeling_vit import eager_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))  # (B, H, L, Hd)
+    module = nn.Module().eval()
+    got, _ = eager_attention_forward(module, q, k, v, None, scaling=0.5, dropout=0.0)
+    exact = ((q @ k.transpose(-1, -2) * 0.5).softmax(-1) @ v).transpose(1, 2)  # (B, L, H, Hd)
+    assert got.dtype == torch.float64
+    assert 1e-10 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
+
+
+@pytest.mark.parametrize(("model", "cls"), [("bart", "BartAttention"), ("whisper", "WhisperAttention")])
+def test_bart_and_whisper_attention_built_with_their_default_config_none_raise_on_every_forward(model: str,
+                                                                                               cls: str) -> None:
+    pytest.importorskip("transformers")
+    import importlib
+
+    layer = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), cls)(8, 2)
+    assert layer.config is None
+    with pytest.raises(AttributeError, match="_attn_implementation"):
+        layer(_x(1, 5, 8))
