@@ -99,7 +99,8 @@ class MaskFormat:
         "additive" (float, -inf removes), "additive_min" (float, HF's finfo(dtype).min for a
         removed key: fully masked rows then get uniform weights).
     takes: the mask types converted to ``kind`` without loss ("bool", "float").
-    layout: "BHLL" (any shape broadcasting to (B, H, Lq, Lk), passed as is), "BLL" (no head
+    layout: "BHLL" (any shape broadcasting to (B, H, Lq, Lk), passed as is), "BHLL4" (the same at
+        rank 4 only: diffusers' dispatch reads a 2-D mask as key padding (B, Lk)), "BLL" (no head
         axis: (B, Lq, Lk), torchtune), "BL" (key padding (B, Lk), x-transformers' ``mask``).
     """
 
@@ -110,18 +111,19 @@ class MaskFormat:
     @property
     def carried(self) -> tuple[bool, bool, bool, bool]:
         """Which of (B, H, Lq, Lk) the layout carries at full size."""
-        return {"BHLL": (True, True, True, True), "BLL": (True, False, True, True),
+        return {"BHLL": (True, True, True, True), "BHLL4": (True, True, True, True), "BLL": (True, False, True, True),
                 "BL": (True, False, False, True)}[self.layout]
 
     @property
     def forms(self) -> frozenset[str]:
         """The mask forms (Conventions.mask_forms) this layout can carry."""
-        return forms_within(self.carried)
+        forms = forms_within(self.carried)
+        return forms - {"LL"} if self.layout == "BHLL4" else forms
 
     def describe(self) -> str:
         what = {"keep": "bool True = may attend", "drop": "bool True = masked out",
                 "additive": "additive float, -inf removes", "additive_min": "additive float, finfo.min removes"}
-        shape = {"BHLL": "", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)"}
+        shape = {"BHLL": "", "BHLL4": ", of rank 4", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)"}
         return f"mask passed as {what[self.kind]}{shape[self.layout]}"
 
     def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,
@@ -141,7 +143,9 @@ class MaskFormat:
                 mask = mask + bias
         if mask is None:
             return None
-        if self.layout != "BHLL":  # no head axis: (B, Lq, Lk) (torchtune) or key padding (B, Lk)
+        if self.layout == "BHLL4" and mask.dim() == 2:  # the causal (Lq, Lk) alone: not key padding
+            mask = mask[None, None]
+        elif self.layout not in ("BHLL", "BHLL4"):  # no head axis: (B, Lq, Lk) (torchtune) or key padding (B, Lk)
             H = mask.shape[1] if mask.dim() == 4 else 1
             rank = tuple(i for i, kept in enumerate(self.carried) if kept)
             mask = to_shape(mask, (B, H, Lq, Lk), self.carried, rank, what="a layer whose mask has no head axis")

@@ -99,6 +99,14 @@ def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
 
 
 def library_of(module: nn.Module) -> str:
+    """The library whose conventions the layer follows: that of the first class in its MRO from a
+    library :data:`recognition.LIBRARY_FORMATS` knows (a user's subclass of diffusers' Attention
+    is called as diffusers calls it), else the top-level package of its own class."""
+    known = {library for library, _ in recognition.LIBRARY_FORMATS}
+    for cls in type(module).__mro__:
+        top = cls.__module__.split(".")[0]
+        if top in known:
+            return top
     return type(module).__module__.split(".")[0]
 
 
@@ -113,9 +121,10 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     if read_signature(module).position_bias:
         implementation += "+position_bias"
     library = library_of(module)
-    if library == "diffusers":  # the classic processors repeat a (B, Lq, Lk) mask over heads; others pass it as is
-        prepares = any("prepare_attention_mask" in source for _, source in forward_sources(module))
-        implementation = "prepare_attention_mask" if prepares else "as_is"
+    if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is
+        sources = " ".join(source for _, source in forward_sources(module))
+        implementation = "get_attention_scores" if "get_attention_scores" in sources \
+            else "prepare_attention_mask" if "prepare_attention_mask" in sources else "as_is"
     row = recognition.library_format(library, implementation)
     return row.mask, row.fully_masked, row.note
 

@@ -128,14 +128,20 @@ LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
         "x-transformers: attn_mask as a bool keep-mask (bool only)"),
     ("timm", None): LibraryFormat(MaskFormat("keep"), "zeros", "timm: attn_mask as SDPA takes it"),
     # Attention.prepare_attention_mask repeats a (B, Lq, Lk) mask over heads and adds it to the scores
+    # the classic processor (AttnProcessor) adds the mask in baddbmm and takes softmax: NaN on a -inf row
+    ("diffusers", "get_attention_scores"): LibraryFormat(
+        MaskFormat("additive", layout="BLL"), "nan",
+        "diffusers' classic processor: attention_mask additive, (B, Lq, Lk), softmax of the scores (NaN on fully "
+        "masked rows)"),
     ("diffusers", "prepare_attention_mask"): LibraryFormat(
         MaskFormat("additive", layout="BLL"), "zeros", "diffusers: attention_mask additive, (B, Lq, Lk)"),
     # a processor without prepare_attention_mask (BriaFibo2's) hands the mask to attention as is: a
-    # (B, Lq, Lk) mask would broadcast as (1, B, Lq, Lk), one item's mask on each head
+    # (B, Lq, Lk) mask would broadcast as (1, B, Lq, Lk), one item's mask on each head, and a 2-D one
+    # is read as key padding
     ("diffusers", None): LibraryFormat(
-        MaskFormat("keep"), "zeros",
+        MaskFormat("keep", layout="BHLL4"), "zeros",
         "diffusers: a processor that hands attention_mask to attention as is (no prepare_attention_mask), as SDPA "
-        "takes it"),
+        "takes it at rank 4 (a 2-D mask is key padding (B, Lk) to its dispatch)"),
 }
 UNKNOWN_LIBRARY = LibraryFormat(
     MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)")
