@@ -38,6 +38,7 @@ A layer's ``mha_verify_conventions`` class attribute overrides any of these (che
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from torch import nn
@@ -96,6 +97,11 @@ def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
         weight = weight.t()
     return weight, bias if isinstance(bias, torch.Tensor) else None
+
+
+#: a forward (or processor) that joins the context to the input as one sequence: joint attention
+_JOINT = re.compile(r"cat\(\s*[\[(]\s*(hidden_states\s*,\s*encoder_hidden_states"
+                    r"|encoder_hidden_states\s*,\s*hidden_states)\b")
 
 
 def library_of(module: nn.Module) -> str:
@@ -158,6 +164,11 @@ class StructuralAdapter(Adapter):
         # keys = values through one argument (``key_value_states``, ``encoder_hidden_states``):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
+        joint_note = ""
+        if shared and any(_JOINT.search(source) for _, source in forward_sources(module)):
+            # joint attention (MotifVideo, SD3's kind): the context joins the sequence, it is not keys
+            shared, joint_note = False, (f"joint attention: {sig.context} is concatenated to {sig.input} "
+                                         "(one sequence), verified as self-attention")
         scale, scale_how = self._scale(module)
         rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
             if sig.rotary else (None, "")
@@ -190,7 +201,8 @@ class StructuralAdapter(Adapter):
             v_norm=v_norm,
             softcap=softcap,
             position_bias=position_bias,
-            notes=(f"adapter {self.name}", how, *(n for n in (scale_how, rotary_how, softcap_how, window_note) if n),
+            notes=(f"adapter {self.name}", how,
+                   *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note) if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)

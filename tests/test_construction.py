@@ -76,3 +76,22 @@ def test_causality_stated_in_a_diffusers_style_processor_is_read() -> None:
     assert conv.causal and "causal from is_causal=True in its processor" in conv.describe()
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples > 0, result
+
+
+def test_joint_attention_is_verified_as_self_attention_not_as_keys_and_values() -> None:
+    # read as keys = values, its context would be drawn as k = v != q, and joint attention is not that
+    target = load_target("tests/fixtures/kv_layers.py:JointAttention")
+    conv = target.build(8, 2).conventions
+    assert not conv.cross_attention and not conv.kv_shared
+    assert "joint attention: encoder_hidden_states is concatenated to hidden_states" in conv.describe()
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples > 0, result
+
+
+def test_a_rank_4_mask_layout_draws_no_2d_mask_and_lifts_the_causal_one() -> None:
+    from mha_verify.properties.adapters_call import MaskFormat
+
+    fmt = MaskFormat("keep", layout="BHLL4")
+    assert "LL" not in fmt.forms and {"B1LL", "11LL", "B11L", "BHLL"} <= fmt.forms
+    lifted = fmt.convert(None, B=2, Lq=3, Lk=3, dtype=torch.float32, causal=True)
+    assert lifted is not None and lifted.shape == (1, 1, 3, 3) and bool(lifted[0, 0, 0, 1]) is False

@@ -449,3 +449,18 @@ def test_bart_and_whisper_attention_built_with_their_default_config_none_raise_o
     assert layer.config is None
     with pytest.raises(AttributeError, match="_attn_implementation"):
         layer(_x(1, 5, 8))
+
+
+def test_ernie_image_attention_takes_encoder_hidden_states_and_ignores_it() -> None:
+    # its forward(hidden_states, encoder_hidden_states=None, ...) calls its processor without it
+    pytest.importorskip("diffusers")
+    from diffusers.models.transformers.transformer_ernie_image import ErnieImageAttention
+
+    torch.manual_seed(0)
+    layer = ErnieImageAttention(query_dim=8, heads=2, dim_head=4).eval()
+    x, context = _x(1, 5, 8), _x(1, 3, 8) * 10
+    with torch.no_grad():
+        alone = layer(x)
+        with_context = layer(x, encoder_hidden_states=context)
+        other_context = layer(x, encoder_hidden_states=-context)
+    assert torch.equal(with_context, alone) and torch.equal(other_context, alone)
