@@ -61,11 +61,11 @@ ATTN_IMPLEMENTATION = "sdpa"
 _CONFIG_BASES = ("PretrainedConfig", "PreTrainedConfig")
 
 
-def sizes_of(d_model: int, n_head: int) -> dict[str, int]:
+def sizes_of(d_model: int, n_head: int, grouped: bool = True) -> dict[str, int]:
     """The value of each role at (d_model, n_head). Key/value heads: half the query heads where
-    H is even (grouped-query attention gets exercised), else H."""
+    H is even and ``grouped`` (grouped-query attention gets exercised), else H."""
     return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
-            "kv_heads": n_head // 2 if n_head % 2 == 0 else n_head, "position_bias": True}
+            "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True}
 
 
 def config_for(d_model: int, n_head: int) -> SimpleNamespace:
@@ -121,13 +121,20 @@ def library_configs(cls: type, annotation: object) -> list[type]:
                                        c.__name__))
 
 
-def library_config(config_cls: type, d_model: int, n_head: int) -> object:
+def library_config(config_cls: type, d_model: int, n_head: int, grouped: bool = True) -> object:
     """``config_cls()`` with the sizes set on the fields it has (and ``head_dim``), attention
     implementation :data:`ATTN_IMPLEMENTATION`."""
     config = config_cls()
-    size = sizes_of(d_model, n_head)
+    size = sizes_of(d_model, n_head, grouped)
+    aliases = getattr(config, "attribute_map", None) or {}
+    claimed: dict[str, str] = {}  # the config's own field -> the role that set it
     for field, role in CONFIG_ROLES.items():
         if hasattr(config, field):
+            own = aliases.get(field, field)
+            if claimed.setdefault(own, role) != role:
+                # an alias of a field another size set (Voxtral's num_key_value_heads is its
+                # num_attention_heads): the layer has kv heads = heads, and the heads stay
+                continue
             setattr(config, field, size[role])
     for field in CONFIG_ALWAYS:
         setattr(config, field, size[field])
@@ -151,31 +158,39 @@ class Construction:
     roles: tuple[tuple[str, str], ...] = ()
     config: tuple[str, type | None] | None = None
     positional: bool = False
+    grouped: bool = True
 
     def build(self, d_model: int, n_head: int) -> nn.Module:
         if self.positional:
             return self.cls(d_model, n_head)
-        size = sizes_of(d_model, n_head)
+        size = sizes_of(d_model, n_head, self.grouped)
         kwargs: dict[str, object] = {name: size[role] for name, role in self.roles}
         if self.config is not None:
             name, config_cls = self.config
             kwargs[name] = config_for(d_model, n_head) if config_cls is None \
-                else library_config(config_cls, d_model, n_head)
-        return self.cls(**kwargs)
+                else library_config(config_cls, d_model, n_head, self.grouped)
+        module = self.cls(**kwargs)
+        k, v = getattr(module, "k_proj", None), getattr(module, "v_proj", None)
+        if self.grouped and isinstance(k, nn.Linear) and isinstance(v, nn.Linear) and k.out_features != v.out_features:
+            # Nemotron 3's audio attention sizes v_proj by the query heads, k_proj by the kv heads:
+            # only kv heads = heads builds a layer it runs; the next plan builds that
+            raise ValueError(f"{self.cls.__name__} with {size['kv_heads']} key/value heads of {n_head}: k_proj gives "
+                             f"{k.out_features} features, v_proj {v.out_features}")
+        return module
 
     def describe(self, d_model: int, n_head: int) -> str:
         """The call, in words: ``LlamaAttention(config=LlamaConfig(...sizes...), layer_idx=0)``."""
         if self.positional:
             return f"{self.cls.__name__}({d_model}, {n_head})"
-        size = sizes_of(d_model, n_head)
+        size = sizes_of(d_model, n_head, self.grouped)
         args = [f"{name}={size[role]}" for name, role in self.roles]
         if self.config is not None:
             name, config_cls = self.config
             if config_cls is None:
                 args.append(f"{name}=<namespace of size fields>")
             else:
-                config = library_config(config_cls, d_model, n_head)
-                fields = [f"{f}={size[r]}" for f, r in CONFIG_ROLES.items() if hasattr(config, f)]
+                config = library_config(config_cls, d_model, n_head, self.grouped)
+                fields = [f"{f}={getattr(config, f)}" for f in CONFIG_ROLES if hasattr(config, f)]
                 fields += [f"{f}={size[f]}" for f in CONFIG_ALWAYS]
                 impl = getattr(config, "_attn_implementation", None)
                 args.append(f"{name}={config_cls.__name__}({', '.join(fields)}"
@@ -209,7 +224,8 @@ def plans(cls: type) -> list[Construction]:
         # a layer built from a config of no library we know: a namespace where the config is
         # required, the layer's own default where it is optional
         return [Construction(cls, tuple(roles), (config.name, None) if config.default is config.empty else None)]
-    return [Construction(cls, tuple(roles), (config.name, c)) for c in candidates]
+    # each config grouped first (kv heads = H/2 exercises grouped-query attention), then kv heads = H
+    return [Construction(cls, tuple(roles), (config.name, c), grouped=g) for c in candidates for g in (True, False)]
 
 
 def choose(cls: type, d_model: int, n_head: int) -> tuple[Construction, Callable[[int, int], nn.Module]]:

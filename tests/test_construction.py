@@ -95,3 +95,15 @@ def test_a_rank_4_mask_layout_draws_no_2d_mask_and_lifts_the_causal_one() -> Non
     assert "LL" not in fmt.forms and {"B1LL", "11LL", "B11L", "BHLL"} <= fmt.forms
     lifted = fmt.convert(None, B=2, Lq=3, Lk=3, dtype=torch.float32, causal=True)
     assert lifted is not None and lifted.shape == (1, 1, 3, 3) and bool(lifted[0, 0, 0, 1]) is False
+
+
+def test_a_config_field_aliased_to_another_keeps_the_heads() -> None:
+    config = construction.library_config(constructors.ToyAliasedConfig, 12, 4)
+    assert (config.hidden_size, config.num_attention_heads, config.num_key_value_heads) == (12, 4, 4)
+
+
+def test_a_layer_that_runs_only_with_kv_heads_equal_to_heads_is_built_so_and_verified() -> None:
+    target = load_target(FIXTURE + "ValuesByQueryHeads")
+    assert "num_attention_heads=2, num_key_value_heads=2" in target.built_as
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples > 0, result
