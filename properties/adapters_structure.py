@@ -156,7 +156,8 @@ class StructuralAdapter(Adapter):
         extra = self._unmodelled(module, (q_norm, k_norm, v_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
             raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
-                             "a learned scale or gate beyond attention, so it cannot be verified yet")
+                             "a step beyond the attention the oracle models (a gate, a learned scale, attention "
+                             "sinks, a convolution), so it cannot be verified yet")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
