@@ -341,14 +341,21 @@ def test_diffusers_rms_norm_runs_in_float32_for_float64_inputs() -> None:
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6
 
 
-def test_minimax_h3_video_attention_normalizes_q_and_k_in_float32_for_float64_inputs() -> None:
-    # its processor calls attn.norm_q(query.float()): a float64 layer's QK-norm is rounded to float32
+@pytest.mark.parametrize(("module", "cls", "size"), [
+    ("autoencoders.autoencoder_kl_minimax_h3", "MiniMaxH3VideoAttention", "dim"),
+    ("transformers.transformer_flux3", "Flux3Attention", "query_dim"),
+])
+def test_diffusers_processors_normalize_q_and_k_in_float32_for_float64_inputs(module: str, cls: str,
+                                                                              size: str) -> None:
+    # their processors call attn.norm_q(query.float()): a float64 layer's QK-norm is rounded to float32
     pytest.importorskip("diffusers")
-    import torch.nn.functional as F
-    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import MiniMaxH3VideoAttention
+    import importlib
 
+    import torch.nn.functional as F
+
+    layer_cls = getattr(importlib.import_module(f"diffusers.models.{module}"), cls)
     torch.manual_seed(0)
-    attn = MiniMaxH3VideoAttention(dim=8, heads=2, dim_head=4).double().eval()
+    attn = layer_cls(**{size: 8}, heads=2, dim_head=4).double().eval()
     x = torch.randn(1, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         got = attn(x)
