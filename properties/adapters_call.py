@@ -59,6 +59,7 @@ class Signature:
     rotary: str | None = None  # HF's position_embeddings: (cos, sin), required by Llama-style layers
     mask_required: bool = False  # the mask parameter has no default (GPT-NeoX's attention_mask)
     position_bias: str | None = None  # HF T5's additive position bias, computed by the layer when not given
+    context_mask: str | None = None  # BERT-style layers mask cross-attention with encoder_attention_mask
 
     @property
     def self_attention(self) -> bool:
@@ -88,7 +89,9 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     rotary = "position_embeddings" if "position_embeddings" in names else None
     required = mask is not None and params[mask].default is params[mask].empty
     bias = "position_bias" if "position_bias" in names else None
-    return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias)
+    context_mask = "encoder_attention_mask" if context is not None and "encoder_attention_mask" in names else None
+    return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias,
+                     context_mask)
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,11 @@ class StructuralAdapter(Adapter):
             # torchtune apply only the mask they are given, and the AND is harmless for the others
             explicit_causal = conv.causal
             converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal)
-            if converted is not None or sig.mask_required:
+            if sig.context_mask is not None and sig.context in kwargs:
+                # BigBird's and BERT's kind: with a context, the layer reads encoder_attention_mask
+                # and drops attention_mask
+                kwargs[sig.context_mask] = converted
+            elif converted is not None or sig.mask_required:
                 kwargs[sig.mask] = converted
         if sig.rotary is not None:
             head_dim = _head_dim(module, self.params(module))

@@ -121,9 +121,21 @@ def library_configs(cls: type, annotation: object) -> list[type]:
                                        c.__name__))
 
 
-def library_config(config_cls: type, d_model: int, n_head: int, grouped: bool = True) -> object:
+def supports_sdpa(cls: type) -> bool:
+    """Whether the models of ``cls``'s module run sdpa: False where the module's own
+    ``*PreTrainedModel`` says ``_supports_sdpa = False`` (ALIGN's, BigBird's: their models refuse
+    sdpa and run eager), True where it says True or the module has none."""
+    namespace = vars(sys.modules[cls.__module__]) if cls.__module__ in sys.modules else {}
+    own = [c for name, c in namespace.items() if name.endswith("PreTrainedModel") and name != "PreTrainedModel"
+           and isinstance(c, type) and getattr(c, "__module__", "") == cls.__module__]
+    return not own or any(getattr(c, "_supports_sdpa", True) is not False for c in own)
+
+
+def library_config(config_cls: type, d_model: int, n_head: int, grouped: bool = True,
+                   sdpa: bool = True) -> object:
     """``config_cls()`` with the sizes set on the fields it has (and ``head_dim``), attention
-    implementation :data:`ATTN_IMPLEMENTATION`."""
+    implementation :data:`ATTN_IMPLEMENTATION` (eager where ``sdpa`` is False: the layer's
+    models do not run sdpa)."""
     config = config_cls()
     size = sizes_of(d_model, n_head, grouped)
     aliases = getattr(config, "attribute_map", None) or {}
@@ -142,7 +154,7 @@ def library_config(config_cls: type, d_model: int, n_head: int, grouped: bool = 
         # sdpa refuses a soft-cap (HF raises "sdpa attention does not support softcap"): such layers
         # run their eager code, as HF's own models pick for them
         softcapped = getattr(config, "attn_logit_softcapping", None) is not None
-        config._attn_implementation = "eager" if softcapped else ATTN_IMPLEMENTATION
+        config._attn_implementation = "eager" if softcapped or not sdpa else ATTN_IMPLEMENTATION
     return config
 
 
@@ -168,7 +180,7 @@ class Construction:
         if self.config is not None:
             name, config_cls = self.config
             kwargs[name] = config_for(d_model, n_head) if config_cls is None \
-                else library_config(config_cls, d_model, n_head, self.grouped)
+                else library_config(config_cls, d_model, n_head, self.grouped, supports_sdpa(self.cls))
         module = self.cls(**kwargs)
         k, v = getattr(module, "k_proj", None), getattr(module, "v_proj", None)
         if self.grouped and isinstance(k, nn.Linear) and isinstance(v, nn.Linear) and k.out_features != v.out_features:
@@ -189,7 +201,7 @@ class Construction:
             if config_cls is None:
                 args.append(f"{name}=<namespace of size fields>")
             else:
-                config = library_config(config_cls, d_model, n_head, self.grouped)
+                config = library_config(config_cls, d_model, n_head, self.grouped, supports_sdpa(self.cls))
                 fields = [f"{f}={getattr(config, f)}" for f in CONFIG_ROLES if hasattr(config, f)]
                 fields += [f"{f}={size[f]}" for f in CONFIG_ALWAYS]
                 impl = getattr(config, "_attn_implementation", None)
@@ -252,4 +264,5 @@ __all__ = [
     "library_configs",
     "plans",
     "sizes_of",
+    "supports_sdpa",
 ]

@@ -107,3 +107,12 @@ def test_a_layer_that_runs_only_with_kv_heads_equal_to_heads_is_built_so_and_ver
     assert "num_attention_heads=2, num_key_value_heads=2" in target.built_as
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples > 0, result
+
+
+def test_a_layer_whose_models_refuse_sdpa_is_built_with_eager() -> None:
+    from tests.fixtures import eager_only
+
+    assert not construction.supports_sdpa(eager_only.EagerOnlyAttention)
+    assert construction.supports_sdpa(constructors.ToyAttention)  # no *PreTrainedModel of its own: sdpa
+    target = load_target("tests/fixtures/eager_only.py:EagerOnlyAttention")
+    assert target.build(8, 2).module.implementation == "eager" and "attention eager" in target.built_as

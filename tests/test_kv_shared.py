@@ -52,3 +52,10 @@ def test_a_cross_attention_only_layer_gets_its_keys_through_its_argument_even_fo
     target = load_target(FIXTURE + "CrossOnly")  # the call at load is q = k = v: through encoder_hidden_states
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
     assert result.verdict == "pass" and result.examples >= 5, result
+
+
+@pytest.mark.parametrize("name", ["oracle_agreement", "masked_kv_invariance"])
+def test_a_layer_masking_its_context_by_encoder_attention_mask_gets_the_mask_there(name: str) -> None:
+    result = run_property(all_properties()[name], load_target("tests/fixtures/kv_layers.py:EncoderMasked"),
+                          settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples >= 5, result
