@@ -158,6 +158,11 @@ class StructuralAdapter(Adapter):
             raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
                              "a step beyond the attention the oracle models (a gate, a learned scale, attention "
                              "sinks, a convolution), so it cannot be verified yet")
+        if any("torch.fft." in source for _, source in forward_sources(module)):
+            # Autoformer's "attention" is an auto-correlation through the FFT: judged against softmax
+            # attention it would fail every property for being another operator
+            raise ValueError(f"{type(module).__name__}'s forward computes through torch.fft (an auto-correlation, "
+                             "not softmax attention), so it cannot be verified as attention")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)

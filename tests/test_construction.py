@@ -116,3 +116,8 @@ def test_a_layer_whose_models_refuse_sdpa_is_built_with_eager() -> None:
     assert construction.supports_sdpa(constructors.ToyAttention)  # no *PreTrainedModel of its own: sdpa
     target = load_target("tests/fixtures/eager_only.py:EagerOnlyAttention")
     assert target.build(8, 2).module.implementation == "eager" and "attention eager" in target.built_as
+
+
+def test_an_fft_auto_correlation_is_refused_as_another_operator() -> None:
+    with pytest.raises(TargetError, match=r"AutoCorrelation's forward computes through torch.fft"):
+        load_target("tests/fixtures/odd_layers.py:AutoCorrelation")
