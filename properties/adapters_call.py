@@ -221,11 +221,13 @@ SCALE_ATTRS = ("scaling", "scale")
 
 def layer_scale(module: nn.Module, head_dim: int) -> tuple[float | None, str]:
     """(the softmax scale ``module`` states, how we know), or (None, "") where it states none or
-    1 / sqrt(head_dim), the contract. Read from a float attribute (:data:`SCALE_ATTRS`), never
-    from outputs: a layer that states one scale and applies another is then a finding."""
+    1 / sqrt(head_dim), the contract. Read from a number attribute (:data:`SCALE_ATTRS`; Dia's is
+    the int 1), never from outputs: a layer that states one scale and applies another is then a
+    finding."""
     for attr in SCALE_ATTRS:
         value = module.__dict__.get(attr)
-        if isinstance(value, float) and math.isfinite(value) and value > 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            value = float(value)
             if math.isclose(value, head_dim ** -0.5, rel_tol=1e-6):
                 return None, ""
             return value, f"softmax scale {value:.6g} from its {attr} attribute"

@@ -105,21 +105,22 @@ class LibraryFormat:
 #: a layer built standalone runs HF's eager code).
 LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
     ("transformers", "eager"): LibraryFormat(
-        MaskFormat("additive_min"), "uniform",
+        MaskFormat("additive_min", layout="BHLL4"), "uniform",
         "transformers eager: the mask as HF builds it, finfo.min for removed keys (uniform weights on fully masked "
         "rows)"),
     # sdpa_attention_forward turns a bool mask into where(mask, position_bias, finfo.min) for layers
     # with a position bias (T5 and its family): fully masked rows get uniform weights
     ("transformers", "sdpa+position_bias"): LibraryFormat(
-        MaskFormat("keep"), "uniform",
+        MaskFormat("keep", layout="BHLL4"), "uniform",
         "transformers sdpa with a position bias: a bool mask becomes where(mask, bias, finfo.min) (uniform weights "
         "on fully masked rows)"),
     ("transformers", "eager+position_bias"): LibraryFormat(
-        MaskFormat("additive_min"), "uniform",
+        MaskFormat("additive_min", layout="BHLL4"), "uniform",
         "transformers eager: the mask as HF builds it, finfo.min for removed keys, added to the position bias "
         "(uniform weights on fully masked rows)"),
     ("transformers", None): LibraryFormat(
-        MaskFormat("keep"), "zeros", "transformers {impl}: the mask as HF builds it for sdpa (bool keep)"),
+        MaskFormat("keep", layout="BHLL4"), "zeros",
+        "transformers {impl}: the mask as HF builds it for sdpa (bool keep)"),
     ("torchtune", None): LibraryFormat(
         MaskFormat("keep", layout="BLL"), "zeros", "torchtune: bool keep-mask (B, Lq, Lk)"),
     # x-transformers' attend() inverts the mask with ~: bool only

@@ -40,7 +40,8 @@ def test_values_projected_from_the_queries_fail_where_self_attention_passes() ->
     assert "Lq=" in (result.counterexample or "")
 
 
-@pytest.mark.parametrize(("layer", "verdict"), [("StatesScaleOne", "pass"), ("StatesScaleOneAppliesRootHd", "fail")])
+@pytest.mark.parametrize(("layer", "verdict"), [("StatesScaleOne", "pass"), ("StatesScaleOneInt", "pass"),
+                                               ("StatesScaleOneAppliesRootHd", "fail")])
 def test_a_scale_stated_in_the_layers_scaling_attribute_is_applied_by_the_oracle(layer: str, verdict: str) -> None:
     target = load_target(FIXTURE + layer)
     assert target.build(16, 4).conventions.scale == 1.0

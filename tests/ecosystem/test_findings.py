@@ -279,7 +279,7 @@ QK_NORMS_IN_FLOAT32 = [
     ("minimax_m2", "MiniMaxM2RMSNorm"), ("molmo2", "Molmo2RMSNorm"), ("olmo2", "Olmo2RMSNorm"),
     ("olmo3", "Olmo3RMSNorm"), ("olmoe", "OlmoeRMSNorm"),
     # and those whose rotary read as Llama's had hidden it (gradcheck alone once it was read right)
-    ("nanochat", "NanoChatRMSNorm"), ("pe_audio", "PeAudioEncoderRMSNorm"),
+    ("apertus1p5", "Apertus1p5TextRMSNorm"), ("nanochat", "NanoChatRMSNorm"), ("pe_audio", "PeAudioEncoderRMSNorm"),
     ("pe_audio_video", "PeAudioVideoEncoderRMSNorm"), ("pe_video", "PeVideoEncoderRMSNorm"),
 ]
 
