@@ -38,6 +38,7 @@ A layer's ``mha_verify_conventions`` class attribute overrides any of these (che
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import torch
@@ -102,6 +103,10 @@ def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
 _JOINT = re.compile(r"cat\(\s*[\[(]\s*(hidden_states\s*,\s*encoder_hidden_states"
                     r"|encoder_hidden_states\s*,\s*hidden_states)\b")
+
+
+#: a forward that scales its queries by 1/sqrt(Hd) itself (ESM's ``query_layer * self.attention_head_size**-0.5``)
+_QUERY_PRESCALED = re.compile(r"query\w*\s*=\s*query\w*\s*\*\s*self\.\w+\s*\*\*\s*-0\.5")
 
 
 def library_of(module: nn.Module) -> str:
@@ -178,6 +183,10 @@ class StructuralAdapter(Adapter):
         scale, scale_how = self._scale(module)
         rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
             if sig.rotary else (None, "")
+        embedding = getattr(module, "position_embedding_type", None)
+        if rotary is not None and isinstance(embedding, str) and embedding != "rotary":
+            # ESM's: the forward takes position_embeddings and uses them only for "rotary"
+            rotary, rotary_how = None, f"no rotary: its position_embedding_type is {embedding!r}"
         if rotary is not None:
             layout, layout_how = rotary_layout(module, rotary.base)
             if layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified
@@ -243,7 +252,16 @@ class StructuralAdapter(Adapter):
             head_dim = _head_dim(module, self.params(module))
         except NotApplicable:
             return None, ""
-        return layer_scale(module, head_dim) if head_dim > 0 else (None, "")
+        if head_dim <= 0:
+            return None, ""
+        scale, how = layer_scale(module, head_dim)
+        if scale is not None and any(_QUERY_PRESCALED.search(source) for _, source in forward_sources(module)):
+            # ESM's: scaling = 1.0 "for BC", the queries multiplied by head_size ** -0.5 in the forward
+            scale = scale * head_dim ** -0.5
+            if math.isclose(scale, head_dim ** -0.5, rel_tol=1e-6):
+                return None, ""
+            how += ", times the head_size ** -0.5 its forward multiplies the queries by"
+        return scale, how
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:

@@ -60,3 +60,12 @@ def test_a_layer_masking_its_context_by_encoder_attention_mask_gets_the_mask_the
     result = run_property(all_properties()[name], load_target("tests/fixtures/kv_layers.py:EncoderMasked"),
                           settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples >= 5, result
+
+
+def test_queries_scaled_in_the_forward_and_a_non_rotary_position_type_are_read() -> None:
+    target = load_target(FIXTURE + "PrescaledQueries")
+    conv = target.build(16, 4).conventions
+    assert conv.scale is None and conv.rotary is None
+    assert "no rotary: its position_embedding_type is 'absolute'" in conv.describe()
+    result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
+    assert result.verdict == "pass" and result.examples >= 5, result

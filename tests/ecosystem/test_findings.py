@@ -471,3 +471,21 @@ def test_ernie_image_attention_takes_encoder_hidden_states_and_ignores_it() -> N
         with_context = layer(x, encoder_hidden_states=context)
         other_context = layer(x, encoder_hidden_states=-context)
     assert torch.equal(with_context, alone) and torch.equal(other_context, alone)
+
+
+def test_esm_cross_attention_views_its_keys_with_the_querys_length() -> None:
+    # EsmSelfAttention: key = self.key(encoder_hidden_states).view(hidden_shape), hidden_shape from
+    # hidden_states: a context of another length than the queries' cannot be attended to
+    pytest.importorskip("transformers")
+    from transformers.models.esm.modeling_esm import EsmConfig, EsmSelfAttention
+
+    config = EsmConfig(hidden_size=8, num_attention_heads=2)
+    config._attn_implementation = "eager"
+    layer = EsmSelfAttention(config).eval()
+    x = _x(1, 3, 8)
+    with torch.no_grad():
+        assert layer(x, encoder_hidden_states=_x(1, 3, 8))[0].shape == (1, 3, 8)  # Lk = Lq: runs
+        with pytest.raises(RuntimeError, match="invalid for input of size"):
+            layer(x, encoder_hidden_states=_x(1, 5, 8))
+        with pytest.raises(RuntimeError, match="must match the size"):
+            layer(x, encoder_hidden_states=_x(1, 6, 8))  # viewed as 4 heads against the queries' 2
