@@ -308,9 +308,14 @@ def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> Non
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
 
-@pytest.mark.parametrize("model", ["cohere", "cohere2", "cohere2_moe"])
-def test_cohere_rotary_runs_in_float32_for_float64_inputs(model: str) -> None:
-    # Cohere's apply_rotary_pos_emb takes q.float() and k.float(): a float64 input is rounded to float32
+@pytest.mark.parametrize(("model", "layout"), [
+    ("cohere", "pairs"), ("cohere2", "pairs"), ("cohere2_moe", "pairs"),
+    ("ernie4_5", "pairs from halves"), ("ernie4_5_moe", "pairs from halves"), ("evolla", "halves"),
+])
+def test_rotaries_that_upcast_run_in_float32_for_float64_inputs(model: str, layout: str) -> None:
+    # these apply_rotary_pos_emb take q.float() and k.float(): a float64 input is rounded to float32.
+    # Cohere rotates neighbouring columns by cos and sin repeated per pair; Ernie 4.5 the same, from
+    # cos and sin in HF's halves layout; Evolla rotates halves (Llama's)
     pytest.importorskip("transformers")
     import importlib
 
@@ -319,10 +324,16 @@ def test_cohere_rotary_runs_in_float32_for_float64_inputs(model: str) -> None:
     except ImportError as exc:
         pytest.skip(f"transformers has no {model} here: {exc}")
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # (B, H, L, Hd)
-    angles = torch.linspace(0.1, 2.0, 5 * 2, dtype=torch.float64).reshape(1, 5, 2).repeat_interleave(2, dim=-1)
-    got, _ = module.apply_rotary_pos_emb(q, q, angles.cos(), angles.sin())
-    pairs = torch.stack((-q[..., 1::2], q[..., 0::2]), dim=-1).flatten(-2)  # its layout: neighbouring columns
-    exact = q * angles.cos()[:, None] + pairs * angles.sin()[:, None]
+    angles = torch.linspace(0.1, 2.0, 5 * 2, dtype=torch.float64).reshape(1, 5, 2)  # (B, L, Hd/2)
+    halves = torch.cat((angles, angles), dim=-1)  # HF's layout: each angle for columns i and i + Hd/2
+    if layout == "halves":
+        given, each, turned = halves, halves, torch.cat((-q[..., 2:], q[..., :2]), dim=-1)
+    else:
+        paired = angles.repeat_interleave(2, dim=-1)  # each angle for columns 2i and 2i + 1
+        turned = torch.stack((-q[..., 1::2], q[..., 0::2]), dim=-1).flatten(-2)
+        given, each = (paired if layout == "pairs" else halves), paired
+    got, _ = module.apply_rotary_pos_emb(q, q, given.cos(), given.sin())
+    exact = q * each.cos()[:, None] + turned * each.sin()[:, None]
     assert got.dtype == torch.float64
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
@@ -432,10 +443,16 @@ def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0
         torch.testing.assert_close(classic[0, 1:], fused[0, 1:])  # the other rows agree
 
 
-def test_vit_eager_attention_runs_its_softmax_in_float32_for_float64_inputs() -> None:
+@pytest.mark.parametrize("model", ["vit", "git"])
+def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: str) -> None:
+    # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's and GIT's vision layers
     pytest.importorskip("transformers")
+    import importlib
+
     from torch import nn
-    from transformers.models.vit.modeling_vit import eager_attention_forward
+
+    eager_attention_forward = importlib.import_module(f"transformers.models.{model}.modeling_{model}") \
+        .eager_attention_forward
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))  # (B, H, L, Hd)
