@@ -269,13 +269,15 @@ class StructuralAdapter(Adapter):
 
     def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """HF eager layers return (output, weights (B, H, Lq, Lk)); sdpa ones (output, None)."""
+        """HF eager layers return (output, weights (B, H, Lq, Lk)); sdpa ones (output, None); T5's
+        family (output, position_bias, weights)."""
         if not self.conventions(module).weights:
             raise NotApplicable(f"{type(module).__name__} returns no attention weights here")
         out = module(**self._kwargs(module, q, k, v, mask))
-        if not (isinstance(out, tuple) and len(out) >= 2 and isinstance(out[1], torch.Tensor)):
+        at = 2 if read_signature(module).position_bias is not None else 1
+        if not (isinstance(out, tuple) and len(out) > at and isinstance(out[at], torch.Tensor)):
             raise NotApplicable("the target's forward returned no attention weights")
-        return out[0], out[1]
+        return out[0], out[at]
 
     def _kwargs(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> dict[str, object]:

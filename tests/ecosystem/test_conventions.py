@@ -38,10 +38,13 @@ def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: 
     assert result.verdict == "pass" and result.examples >= 10, result
 
 
-def test_an_eager_hf_layer_has_its_attention_weights_verified() -> None:
-    # Gemma 2 runs its eager code (sdpa refuses its soft-cap), which returns (output, weights)
+@pytest.mark.parametrize(("model", "cls"), [("gemma2", "Gemma2Attention"),
+                                          ("switch_transformers", "SwitchTransformersAttention")])
+def test_an_eager_hf_layer_has_its_attention_weights_verified(model: str, cls: str) -> None:
+    # Gemma 2 runs its eager code (sdpa refuses its soft-cap), which returns (output, weights);
+    # SwitchTransformers' models refuse sdpa, and it returns (output, position_bias, weights)
     pytest.importorskip("transformers")
-    target = load_target(HF.format("gemma2", "Gemma2Attention"))
+    target = load_target(HF.format(model, cls))
     assert target.build(32, 4).conventions.weights
     for name in ("mask_zeroes_weights", "rows_sum_to_one"):
         result = run_property(all_properties()[name], target, settings=PROFILES["quick"], seed=0)
