@@ -443,9 +443,9 @@ def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0
         torch.testing.assert_close(classic[0, 1:], fused[0, 1:])  # the other rows agree
 
 
-@pytest.mark.parametrize("model", ["vit", "git"])
+@pytest.mark.parametrize("model", ["vit", "git", "align", "clap"])
 def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: str) -> None:
-    # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's and GIT's vision layers
+    # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's, GIT's, ALIGN's and CLAP's eager code
     pytest.importorskip("transformers")
     import importlib
 
