@@ -350,10 +350,16 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "reports").mkdir(exist_ok=True)
     ctx = context(opts)
-    previous = {} if opts.fresh else load_previous(opts.out, ctx)
+    stored = {} if opts.fresh else load_previous(opts.out, ctx)
+    previous = stored
     if opts.retry:  # judge again what did not end in a verdict on the class itself or a refusal to build
-        previous = {spec: row for spec, row in previous.items() if row.status in ("passed", "not built", "wrapper")}
+        previous = {spec: row for spec, row in stored.items() if row.status in ("passed", "not built", "wrapper")}
     rows = [previous.get(f.spec) or Row(f.spec, f.path) for f in found]
+    # the table keeps the earlier rows this run did not select (a narrower --match or --sample into
+    # the same folder), in their order: a resumed sweep never drops what it did not judge again
+    chosen = {row.spec: row for row in rows}
+    table = rows if shard is not None else \
+        [chosen.get(spec, row) for spec, row in stored.items()] + [row for row in rows if row.spec not in stored]
     worker: BuildWorker | None = None
     try:
         for row in rows:
@@ -361,7 +367,7 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
                 continue
             worker = worker if worker is not None and worker.proc.poll() is None else BuildWorker()
             build_row(worker, row, opts.build_timeout)
-            write(rows, opts, ctx, command, shard)
+            write(table, opts, ctx, command, shard)
             progress(row)
     finally:
         if worker is not None:
@@ -376,7 +382,7 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
                 row = futures[future]
                 for key, value in future.result().items():
                     setattr(row, key, value)
-                write(rows, opts, ctx, command, shard)
+                write(table, opts, ctx, command, shard)
                 progress(row)
         except BaseException:
             # Ctrl-C or SIGTERM (CI cancelling): end the checks now. Leaving the pool's `with`
@@ -386,7 +392,7 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
             stop_checks()
             raise
         pool.shutdown()
-    write(rows, opts, ctx, command, shard)
+    write(table, opts, ctx, command, shard)
     return rows
 
 

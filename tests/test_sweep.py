@@ -110,3 +110,14 @@ def test_sigterm_ends_the_sweep_and_its_running_checks(tmp_path: Path) -> None:
     assert code == 143 and time.perf_counter() - start < 30, (code, proc.stderr.read())
     left = subprocess.run(["pgrep", "-f", f"check --target {LIB}.layers:GoodAttention"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
+
+
+def test_a_narrower_run_into_the_same_folder_keeps_the_rows_it_did_not_select(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    first = sweep("--out", str(out), "--build-only", "--match", "(Good|NoScale)Attention$", timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = sweep("--out", str(out), "--build-only", "--retry", "--match", "NoScaleAttention$", timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [r["spec"].rpartition(":")[2] for r in doc["rows"]] == ["GoodAttention", "NoScaleAttention"]
+    assert doc["totals"]["found"] == 2 and doc["totals"]["built"] == 2
