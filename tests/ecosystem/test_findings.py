@@ -24,6 +24,18 @@ def _fully_masked_row_keep(B: int = 2, L: int = 4) -> torch.Tensor:
     return keep
 
 
+def _hf_modeling(model: str) -> Any:
+    """transformers' ``models/<model>/modeling_<model>.py``; the test is skipped where transformers
+    or that model is not installed."""
+    pytest.importorskip("transformers")
+    import importlib
+
+    try:
+        return importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    except ImportError as exc:
+        pytest.skip(f"transformers has no {model} here: {exc}")
+
+
 def _need_timm() -> None:
     try:
         layers.timm_layers()
@@ -288,15 +300,9 @@ QK_NORMS_IN_FLOAT32 = [
 def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> None:
     # HF's RMSNorms "upcast" with hidden_states.to(torch.float32) (or .float()): a float64 input is
     # rounded to float32, so these layers' QK-norm loses float64's precision and gradcheck fails
-    pytest.importorskip("transformers")
-    import importlib
     import inspect
 
-    try:
-        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-    except ImportError as exc:
-        pytest.skip(f"transformers has no {model} here: {exc}")
-    norm_cls = getattr(module, cls)
+    norm_cls = getattr(_hf_modeling(model), cls)
     takes_size = len([p for p in inspect.signature(norm_cls).parameters.values() if p.default is p.empty]) > 0
     norm = (norm_cls(8) if takes_size else norm_cls()).double()
     eps = next(float(getattr(norm, a)) for a in ("eps", "variance_epsilon") if hasattr(norm, a))
@@ -316,13 +322,7 @@ def test_rotaries_that_upcast_run_in_float32_for_float64_inputs(model: str, layo
     # these apply_rotary_pos_emb take q.float() and k.float(): a float64 input is rounded to float32.
     # Cohere rotates neighbouring columns by cos and sin repeated per pair; Ernie 4.5 the same, from
     # cos and sin in HF's halves layout; Evolla rotates halves (Llama's)
-    pytest.importorskip("transformers")
-    import importlib
-
-    try:
-        module = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-    except ImportError as exc:
-        pytest.skip(f"transformers has no {model} here: {exc}")
+    module = _hf_modeling(model)
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # (B, H, L, Hd)
     angles = torch.linspace(0.1, 2.0, 5 * 2, dtype=torch.float64).reshape(1, 5, 2)  # (B, L, Hd/2)
     halves = torch.cat((angles, angles), dim=-1)  # HF's layout: each angle for columns i and i + Hd/2
@@ -446,13 +446,9 @@ def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0
 @pytest.mark.parametrize("model", ["vit", "git", "align", "clap"])
 def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: str) -> None:
     # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's, GIT's, ALIGN's and CLAP's eager code
-    pytest.importorskip("transformers")
-    import importlib
-
     from torch import nn
 
-    eager_attention_forward = importlib.import_module(f"transformers.models.{model}.modeling_{model}") \
-        .eager_attention_forward
+    eager_attention_forward = _hf_modeling(model).eager_attention_forward
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))  # (B, H, L, Hd)
@@ -466,10 +462,7 @@ def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: s
 @pytest.mark.parametrize(("model", "cls"), [("bart", "BartAttention"), ("whisper", "WhisperAttention")])
 def test_bart_and_whisper_attention_built_with_their_default_config_none_raise_on_every_forward(model: str,
                                                                                                cls: str) -> None:
-    pytest.importorskip("transformers")
-    import importlib
-
-    layer = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), cls)(8, 2)
+    layer = getattr(_hf_modeling(model), cls)(8, 2)
     assert layer.config is None
     with pytest.raises(AttributeError, match="_attn_implementation"):
         layer(_x(1, 5, 8))
