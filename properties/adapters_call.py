@@ -200,18 +200,24 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
 
 
-def forward_sources(module: nn.Module) -> list[tuple[str, str]]:
+def forward_sources(module: nn.Module) -> tuple[tuple[str, str], ...]:
     """(where, source text) of the layer's forward and of a diffusers processor's ``__call__``
     (the layer's forward hands the work to it); "" where the source cannot be read."""
     processor = getattr(module, "processor", None)
     call = type(processor).__call__ if processor is not None and callable(processor) else None
+    return _sources(type(module).forward, call)
+
+
+@functools.lru_cache(maxsize=256)
+def _sources(forward: Callable[..., Any], call: Callable[..., Any] | None) -> tuple[tuple[str, str], ...]:
+    """Read once per (forward, processor call): conventions are asked for at every call of a layer."""
     out = []
-    for where, fn in (("its forward", type(module).forward), ("its processor", call)):
+    for where, fn in (("its forward", forward), ("its processor", call)):
         try:
             out.append((where, inspect.getsource(fn) if fn is not None else ""))
         except (OSError, TypeError):
             out.append((where, ""))
-    return out
+    return tuple(out)
 
 
 #: attributes where layers keep the softmax scale they apply: HF's ``self.scaling`` (passed to
