@@ -24,7 +24,8 @@ from enum import Enum
 import torch
 
 #: what a fully masked query row gives: "zeros" (our contract: zero weights, output w_o(0) = b_o),
-#: "uniform" (weights 1/Lk over every key: layers that mask with finfo.min), "nan" (torch MHA)
+#: "uniform" (weights spread evenly over the keys causality and a window leave, every key without
+#: them: layers that mask with finfo.min), "nan" (torch MHA)
 FULLY_MASKED = ("zeros", "uniform", "nan")
 
 

@@ -87,8 +87,9 @@ def attention(
         bias: the position bias broadcasting to (..., Lq, Lk) (:meth:`PositionBias.heads`), or None.
         causal: also remove keys j > i for query i (top-left aligned, as SDPA's ``is_causal``).
         fully_masked: what a query row with every key removed gets: "zeros" (our contract:
-            zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that
-            masks with ``finfo.min`` computes) or "nan".
+            zero weights, zero output), "uniform" (weights spread evenly over the keys that causality
+            and the window leave, all keys without them, as a layer that masks with ``finfo.min``
+            computes) or "nan".
         via_lse: weights as exp(score - lse), the form in which flash-style kernels recompute them in
             their backward pass: the per-row logsumexp ``lse`` stored by the forward pass, and the
             scores recomputed by the backward, are two roundings of the same scores (here: lse of
@@ -106,12 +107,14 @@ def attention(
     if fully_masked not in FULLY_MASKED:
         raise ValueError(f"fully_masked must be one of {FULLY_MASKED}, got fully_masked={fully_masked!r}")
     score = scoring.scores(q, k, bias)  # (..., Lq, Lk)
+    hard: torch.Tensor | None = None  # (Lq, Lk): the keys causality and the window leave, None = all
     if causal:
-        keep = causal_keep(score.shape[-2], score.shape[-1], score.device)
-        mask = keep if mask is None else _and(mask, keep)
+        hard = causal_keep(score.shape[-2], score.shape[-1], score.device)
+        mask = hard if mask is None else _and(mask, hard)
     window = scoring.keep(score.shape[-2], score.shape[-1], causal, score.device)  # (Lq, Lk) or None
     if window is not None:
         mask = window if mask is None else _and(mask, window)
+        hard = window if hard is None else hard & window
     masking = additive_mask(mask, score.dtype)
     if masking is not None:
         score = score + masking
@@ -120,8 +123,8 @@ def attention(
     # subtract the row maximum (a fully masked row subtracts 0) so exp never overflows
     e = torch.exp(score - torch.where(has_key, row_max, torch.zeros_like(row_max)))
     total = e.sum(dim=-1, keepdim=True)
-    masked_rows = {"zeros": torch.zeros_like(e), "uniform": torch.full_like(e, 1.0 / e.shape[-1]),
-            "nan": torch.full_like(e, math.nan)}[fully_masked]
+    masked_rows = {"zeros": torch.zeros_like(e), "uniform": _uniform(e, hard),
+                   "nan": torch.full_like(e, math.nan)}[fully_masked]
     if via_lse:
         eps = torch.finfo(score.dtype).eps
         jitter = 1 + eps * (2 * torch.rand(score.shape, generator=torch.Generator().manual_seed(0)) - 1)
@@ -142,6 +145,19 @@ def attention(
         fused = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale)
         return torch.where(has_key, fused, weights @ v), weights
     return weights @ v, weights
+
+
+def _uniform(e: torch.Tensor, hard: torch.Tensor | None) -> torch.Tensor:
+    """Weights (..., Lq, Lk) spread evenly over the keys ``hard`` (Lq, Lk) keeps, every key if None.
+
+    A layer masking with ``finfo.min`` under a causal or window mask of -inf (SDPA's ``is_causal``,
+    or finfo.min added twice, which overflows to -inf) gives a fully masked row this: the soft
+    mask's keys tie, the hard mask's stay out.
+    """
+    if hard is None:
+        return torch.full_like(e, 1.0 / e.shape[-1])
+    kept = hard.to(e.dtype)
+    return (kept / kept.sum(dim=-1, keepdim=True).clamp(min=1)).expand_as(e)
 
 
 def _and(mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

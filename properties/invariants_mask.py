@@ -154,8 +154,9 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
     without bias), never NaN; every other row stays finite. Checked on both of the target's
     paths where it has two (with and without weights); paths that disagree give a warning.
     A target that declares another convention is "declared" when it does exactly that: NaN
-    on those rows, or "uniform" (weights 1/Lk over every key, as masking with finfo.min
-    gives), held against the float64 formula with that convention.
+    on those rows, or "uniform" (weights spread evenly over the keys a causal or window mask
+    leaves, every key without one, as masking with finfo.min gives), held against the float64
+    formula with that convention.
     """
     conv = bound.conventions
     masked = fully_masked(ex, conv.causal)  # (B, H, Lq)

@@ -83,3 +83,28 @@ def test_kernel_draw_is_the_kernel_beside_a_fully_masked_item() -> None:
     (dv_fused,) = torch.autograd.grad(fused.sum(), vk)
     assert torch.equal(got[:3], fused) and torch.equal(dv_got[:3], dv_fused[:3])
     assert torch.equal(got[3], torch.zeros_like(got[3])) and bool(torch.isfinite(dv_got).all())
+
+
+def test_uniform_rows_under_causality_spread_over_the_keys_it_leaves() -> None:
+    """"uniform" is what masking with finfo.min computes: under a hard causal or window mask, a row
+    whose every visible key the caller masks spreads its weights over those visible keys only
+    (finfo.min twice overflows to -inf), held against a plain softmax of those additive masks."""
+    from mha_verify.mha.scoring import Scoring
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    keep = torch.rand(2, 5, 5, generator=g) < 0.6
+    keep |= torch.eye(5, dtype=torch.bool)  # each row keeps a key that causality and the window leave
+    keep[0, 3] = False  # row 3 of item 0: every key masked by the caller
+    keep[1, 4] = False
+    low = torch.finfo(torch.float64).min
+    soft = torch.zeros(2, 5, 5, dtype=torch.float64).masked_fill(~keep, low)
+    i, j = torch.arange(5)[:, None], torch.arange(5)[None, :]
+    for hard, scoring in ((j <= i, Scoring()), ((j <= i) & (j > i - 3), Scoring(window=3))):
+        hard_add = torch.zeros(5, 5, dtype=torch.float64).masked_fill(~hard, low)
+        scores = q @ k.transpose(-1, -2) / 2.0 + hard_add + soft  # finfo.min + finfo.min = -inf
+        expected = scores.softmax(dim=-1)
+        _, weights = attention(q, k, v, keep, causal=True, fully_masked="uniform", scoring=scoring)
+        torch.testing.assert_close(weights, expected, rtol=1e-12, atol=1e-12)
+        assert torch.equal(expected[0, 3], hard[3].double() / hard[3].sum())  # spread over the keys left, not over all
+        assert torch.equal(expected[1, 4], hard[4].double() / hard[4].sum())
