@@ -68,7 +68,7 @@ from mha_verify.properties.adapters_call import (
 )
 from mha_verify.properties.protocol import Conventions, NotApplicable
 from mha_verify.properties.qk_norm import qk_norms
-from mha_verify.properties.rotary_reading import rotary_layout
+from mha_verify.properties.rotary_reading import cos_sin_batched, rotary_layout
 
 
 def _linear_like(layer: object) -> bool:
@@ -187,6 +187,8 @@ class StructuralAdapter(Adapter):
         if rotary is not None and isinstance(embedding, str) and embedding != "rotary":
             # ESM's: the forward takes position_embeddings and uses them only for "rotary"
             rotary, rotary_how = None, f"no rotary: its position_embedding_type is {embedding!r}"
+        if sig.rotary:
+            cos_sin_batched(module)  # read now, before an exporter traces a call
         if rotary is not None:
             layout, layout_how = rotary_layout(module, rotary.base)
             if layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified
@@ -319,7 +321,9 @@ class StructuralAdapter(Adapter):
                 kwargs[sig.mask] = converted
         if sig.rotary is not None:
             head_dim = _head_dim(module, self.params(module))
-            kwargs[sig.rotary] = position_embeddings(module, q, conv.rotary, head_dim)
+            cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each
+            # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
+            kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
         return kwargs
 
     def set_dropout(self, module: nn.Module, p: float) -> bool:

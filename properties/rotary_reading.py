@@ -28,6 +28,7 @@ from mha_verify.properties.adapters_call import library_rotary, rotary_cos_sin
 LAYOUTS = ((False, False), (True, False), (False, True), (True, True))
 
 _READ: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[bool, bool] | None, str]] = weakref.WeakKeyDictionary()
+_BATCHED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
 
 
 def _namespace(module: nn.Module) -> dict[str, Any]:
@@ -81,6 +82,36 @@ def _by_rotate_half(fn: Callable[..., Any]) -> tuple[bool, bool] | None:
                 None)
 
 
+def cos_sin_batched(module: nn.Module) -> bool:
+    """Whether the module's ``apply_rotary_pos_emb`` takes cos and sin with a batch axis, (B, L, r)
+    as Llama's (which unsqueezes a head axis), rather than (L, r) as DINOv3's (which broadcasts
+    them over batch and heads as they are): a probe of batch 2 and 3 heads tells them apart, as
+    no shape is written down. True where there is no such function or neither shape runs.
+    Read once per module: an exporter's trace never runs the probe."""
+    if module in _BATCHED:
+        return _BATCHED[module]
+    apply = _namespace(module).get("apply_rotary_pos_emb")
+    batched = True
+    if callable(apply):
+        q, k = torch.randn(2, 2, 3, 6, 4, generator=torch.Generator().manual_seed(0))
+        angles = torch.arange(6.0)[:, None] * torch.tensor([1.0, 0.5, 1.0, 0.5])  # (6, 4)
+        with torch.no_grad():
+            batched = _runs(apply, q, k, angles.cos().expand(2, 6, 4), angles.sin().expand(2, 6, 4)) \
+                or not _runs(apply, q, k, angles.cos(), angles.sin())
+    _BATCHED[module] = batched
+    return batched
+
+
+def _runs(apply: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """Whether ``apply(q, k, cos, sin)`` returns q and k rotated in their own shape."""
+    try:
+        got = apply(q, k, cos, sin)
+    except Exception:
+        return False
+    return isinstance(got, (tuple, list)) and len(got) >= 2 and all(
+        isinstance(t, torch.Tensor) and t.shape == q.shape for t in got[:2])
+
+
 def rotary_layout(module: nn.Module, base: float) -> tuple[tuple[bool, bool] | None, str]:
     """((interleaved, reverse), how it was read), or (None, why not) where the module's functions
     exist and match no formula. A module with neither function gets halves, turning forward
@@ -116,4 +147,4 @@ def rotary_layout(module: nn.Module, base: float) -> tuple[tuple[bool, bool] | N
     return read
 
 
-__all__ = ["LAYOUTS", "rotary_layout"]
+__all__ = ["LAYOUTS", "cos_sin_batched", "rotary_layout"]
