@@ -261,6 +261,10 @@ def layer_position_bias(module: nn.Module) -> PositionBias | None:
     compute = getattr(module, "compute_bias", None)
     if getattr(module, "has_relative_attention_bias", False) is not True or not callable(compute):
         return None
+    try:  # LongT5's local layers take compute_bias(block_length): no (Lq, Lk) table
+        inspect.signature(compute).bind(1, 1)
+    except (TypeError, ValueError):
+        return None
     return PositionBias(table=lambda lq, lk: compute(lq, lk), source=f"{type(module).__name__}.compute_bias")
 
 

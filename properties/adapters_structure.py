@@ -140,6 +140,24 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     return row.mask, row.fully_masked, row.note
 
 
+#: (what in a forward's source shows another operator than softmax attention over every key, what it is)
+_OTHER_OPERATORS = (
+    (re.compile(r"torch\.fft\."), "computes through torch.fft (an auto-correlation, not softmax attention)"),
+    # Informer's ProbSparse: keys sampled at random pick the queries that attend; the others get a mean
+    (re.compile(r"torch\.(randint|randperm|multinomial)\("),
+     "samples at random (ProbSparse's kind: a random subset of keys picks the queries that attend)"),
+    # LongT5's local and transient-global layers: attention within blocks (and their neighbours)
+    (re.compile(r"\bblock_len\b"), "attends within blocks of block_len keys (LongT5's local attention), "
+                                    "a structure the oracle does not model"),
+)
+
+
+def _another_operator(module: nn.Module) -> str:
+    """What of :data:`_OTHER_OPERATORS` the module's forward shows, or ""."""
+    sources = [source for _, source in forward_sources(module)]
+    return next((what for pattern, what in _OTHER_OPERATORS if any(pattern.search(s) for s in sources)), "")
+
+
 class StructuralAdapter(Adapter):
     """Calls a layer by the names of its forward's parameters and its library's mask format.
 
@@ -163,11 +181,9 @@ class StructuralAdapter(Adapter):
             raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
                              "a step beyond the attention the oracle models (a gate, a learned scale, attention "
                              "sinks, a convolution), so it cannot be verified yet")
-        if any("torch.fft." in source for _, source in forward_sources(module)):
-            # Autoformer's "attention" is an auto-correlation through the FFT: judged against softmax
-            # attention it would fail every property for being another operator
-            raise ValueError(f"{type(module).__name__}'s forward computes through torch.fft (an auto-correlation, "
-                             "not softmax attention), so it cannot be verified as attention")
+        other = _another_operator(module)
+        if other:  # judged against softmax attention over every key it would fail every property
+            raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)

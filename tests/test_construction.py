@@ -118,6 +118,11 @@ def test_a_layer_whose_models_refuse_sdpa_is_built_with_eager() -> None:
     assert target.build(8, 2).module.implementation == "eager" and "attention eager" in target.built_as
 
 
-def test_an_fft_auto_correlation_is_refused_as_another_operator() -> None:
-    with pytest.raises(TargetError, match=r"AutoCorrelation's forward computes through torch.fft"):
-        load_target("tests/fixtures/odd_layers.py:AutoCorrelation")
+@pytest.mark.parametrize(("layer", "said"), [
+    ("AutoCorrelation", "computes through torch.fft"),
+    ("ProbSparse", "samples at random"),
+    ("BlockLocal", "attends within blocks of block_len keys"),
+])
+def test_another_operator_than_attention_over_every_key_is_refused(layer: str, said: str) -> None:
+    with pytest.raises(TargetError, match=rf"{layer}'s forward {said}.*cannot be verified as attention"):
+        load_target("tests/fixtures/odd_layers.py:" + layer)
