@@ -233,14 +233,19 @@ def test_gpt2_attention_raises_on_a_transposed_view_of_its_input() -> None:
         assert torch.equal(sdpa(view.contiguous())[0], out)
 
 
-def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_by_minus_inf() -> None:
-    pytest.importorskip("transformers")
-    from transformers import T5Config
-    from transformers.models.t5.modeling_t5 import T5Attention
+# T5's attention and the copies of it the sweep failed on fully_masked_rows: (model, its prefix)
+T5_FAMILY = [("t5", "T5"), ("mt5", "MT5"), ("pop2piano", "Pop2Piano"), ("switch_transformers", "SwitchTransformers")]
 
-    config = T5Config(d_model=8, num_heads=2, d_kv=4)
+
+@pytest.mark.parametrize(("model", "prefix"), T5_FAMILY)
+def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_by_minus_inf(model: str,
+                                                                                              prefix: str) -> None:
+    module = _hf_modeling(model)
+    import transformers
+
+    config = getattr(transformers, f"{prefix}Config")(d_model=8, num_heads=2, d_kv=4)
     config._attn_implementation = "sdpa"
-    layer = T5Attention(config).eval()
+    layer = getattr(module, f"{prefix}Attention")(config).eval()
     x, keep = _x(), _fully_masked_row_keep()
     additive = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
     with torch.no_grad():
