@@ -129,7 +129,9 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.
     """
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager")
-    if read_signature(module).position_bias:
+    if read_signature(module).position_bias and callable(getattr(module, "compute_bias", None)):
+        # a bias reaches HF's attention function only from a layer that computes one (T5's
+        # compute_bias, zeros where it has no table); LayoutLMv3's comes from its model: None here
         implementation += "+position_bias"
     library = library_of(module)
     if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is

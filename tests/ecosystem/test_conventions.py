@@ -29,6 +29,7 @@ HF = "transformers.models.{0}.modeling_{0}:{1}"
     ("nanochat", "NanoChatAttention", "rotary base 10000, halves, turning the other way"),
     ("pe_audio", "PeAudioEncoderAttention", "rotary base 20000, interleaved pairs"),
     ("cohere", "CohereAttention", "rotary base 500000, interleaved pairs"),
+    ("dinov3_vit", "DINOv3ViTAttention", "rotary base 100, halves"),  # cos and sin (L, r), no batch axis
 ])
 def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: str) -> None:
     pytest.importorskip("transformers")
@@ -36,6 +37,21 @@ def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: 
     assert reads in target.build(32, 4).conventions.describe()
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples >= 10, result
+
+
+@pytest.mark.parametrize(("model", "cls", "rows"), [
+    ("t5", "T5Attention", "uniform"),  # sdpa_attention_forward: where(mask, its position bias, finfo.min)
+    ("layoutlmv3", "LayoutLMv3SelfAttention", "zeros"),  # takes position_bias from its model: None alone
+])
+def test_fully_masked_rows_follow_whether_the_layer_computes_its_position_bias(model: str, cls: str,
+                                                                                rows: str) -> None:
+    pytest.importorskip("transformers")
+    target = load_target(HF.format(model, cls))
+    assert f"fully masked rows -> {rows}" in target.build(32, 4).conventions.describe()
+    if model == "t5":  # T5 fails the property itself: a true finding (test_findings.py)
+        return
+    result = run_property(all_properties()["fully_masked_rows"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples >= 5, result
 
 
 @pytest.mark.parametrize(("model", "cls"), [("gemma2", "Gemma2Attention"),
