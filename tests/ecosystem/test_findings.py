@@ -504,3 +504,26 @@ def test_esm_cross_attention_views_its_keys_with_the_querys_length() -> None:
             layer(x, encoder_hidden_states=_x(1, 5, 8))
         with pytest.raises(RuntimeError, match="must match the size"):
             layer(x, encoder_hidden_states=_x(1, 6, 8))  # viewed as 4 heads against the queries' 2
+
+
+# layers with no is_causal attribute, run by HF's sdpa_attention_forward (which takes a missing one as True)
+NO_IS_CAUSAL = [("layoutlm", "LayoutLM")]
+
+
+@pytest.mark.parametrize(("model", "prefix"), NO_IS_CAUSAL)
+def test_a_layer_without_is_causal_is_causal_under_sdpa_when_called_without_a_mask(model: str, prefix: str) -> None:
+    # the layer alone: its model always passes a mask (ones where none is given), so a model is not hit
+    module = _hf_modeling(model)
+    import transformers
+
+    config = getattr(transformers, f"{prefix}Config")(hidden_size=8, num_attention_heads=2)
+    config._attn_implementation = "sdpa"
+    layer = getattr(module, f"{prefix}SelfAttention")(config).eval()
+    assert not hasattr(layer, "is_causal")
+    x = _x()
+    with torch.no_grad():
+        without = layer(x)[0]
+        with_ones = layer(x, attention_mask=torch.ones(2, 1, 4, 4, dtype=torch.bool))[0]
+        causal = layer(x, attention_mask=torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 1, 4, 4))[0]
+    assert torch.allclose(without, causal, atol=1e-6)  # no mask: query 0 sees key 0 alone
+    assert float((without[:, 0] - with_ones[:, 0]).abs().max()) > 1e-2
