@@ -104,7 +104,10 @@ class MaskFormat:
     takes: the mask types converted to ``kind`` without loss ("bool", "float").
     layout: "BHLL" (any shape broadcasting to (B, H, Lq, Lk), passed as is), "BHLL4" (the same at
         rank 4 only: diffusers' dispatch reads a 2-D mask as key padding (B, Lk)), "BLL" (no head
-        axis: (B, Lq, Lk), torchtune), "BL" (key padding (B, Lk), x-transformers' ``mask``).
+        axis: (B, Lq, Lk), torchtune), "BL" (key padding (B, Lk), x-transformers' ``mask``), "B1LL"
+        (exactly (B, 1, Lq, Lk): HF's older layers, BART's copies such as LED's decoder, compare the
+        mask's size to that and raise on any other), "BHLL3" (exactly (B * H, Lq, Lk), the heads
+        folded into the batch: Mask2Former's and OneFormer's DETR-style layers).
     """
 
     kind: str = "keep"
@@ -115,7 +118,8 @@ class MaskFormat:
     def carried(self) -> tuple[bool, bool, bool, bool]:
         """Which of (B, H, Lq, Lk) the layout carries at full size."""
         return {"BHLL": (True, True, True, True), "BHLL4": (True, True, True, True), "BLL": (True, False, True, True),
-                "BL": (True, False, False, True)}[self.layout]
+                "BL": (True, False, False, True), "B1LL": (True, False, True, True),
+                "BHLL3": (True, True, True, True)}[self.layout]
 
     @property
     def forms(self) -> frozenset[str]:
@@ -126,11 +130,12 @@ class MaskFormat:
     def describe(self) -> str:
         what = {"keep": "bool True = may attend", "drop": "bool True = masked out",
                 "additive": "additive float, -inf removes", "additive_min": "additive float, finfo.min removes"}
-        shape = {"BHLL": "", "BHLL4": ", of rank 4", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)"}
+        shape = {"BHLL": "", "BHLL4": ", of rank 4", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)",
+                 "B1LL": ", shaped (B, 1, Lq, Lk) exactly", "BHLL3": ", shaped (B * H, Lq, Lk)"}
         return f"mask passed as {what[self.kind]}{shape[self.layout]}"
 
     def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,
-                causal: bool = False) -> torch.Tensor | None:
+                causal: bool = False, heads: int | None = None) -> torch.Tensor | None:
         """Our mask (None, bool keep-mask or additive float, broadcasting to (B, H, Lq, Lk)) ->
         the layer's, with top-left causality ANDed in when ``causal`` (layers that take a mask
         apply it instead of their own causality, as torchtune and HF eager do)."""
@@ -148,6 +153,12 @@ class MaskFormat:
             return None
         if self.layout == "BHLL4" and mask.dim() == 2:  # the causal (Lq, Lk) alone: not key padding
             mask = mask[None, None]
+        elif self.layout == "B1LL":
+            mask = to_shape(mask, (B, 1, Lq, Lk), self.carried, what="a layer whose mask has one head")
+        elif self.layout == "BHLL3":
+            if heads is None:
+                raise ValueError("a mask of layout BHLL3 needs the number of heads: convert(..., heads=H)")
+            mask = to_shape(mask, (B, heads, Lq, Lk), self.carried).reshape(B * heads, Lq, Lk)
         elif self.layout not in ("BHLL", "BHLL4"):  # no head axis: (B, Lq, Lk) (torchtune) or key padding (B, Lk)
             H = mask.shape[1] if mask.dim() == 4 else 1
             rank = tuple(i for i, kept in enumerate(self.carried) if kept)

@@ -134,12 +134,20 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         # compute_bias, zeros where it has no table); LayoutLMv3's comes from its model: None here
         implementation += "+position_bias"
     library = library_of(module)
+    sources = " ".join(source for _, source in forward_sources(module))
     if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is
-        sources = " ".join(source for _, source in forward_sources(module))
         implementation = "get_attention_scores" if "get_attention_scores" in sources \
             else "prepare_attention_mask" if "prepare_attention_mask" in sources else "as_is"
     row = recognition.library_format(library, implementation)
-    return row.mask, row.fully_masked, row.note
+    exact = next((layout for pattern, layout in _EXACT_MASK if pattern.search(sources)), None)
+    return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
+
+
+#: a forward that compares its mask's size to one shape and raises on any other: that layout exactly
+_EXACT_MASK = (
+    (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+,\s*1,\s*\w+,\s*\w+\)"), "B1LL"),  # LED, XGLM
+    (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+\s*\*\s*self\.num_heads,\s*\w+,\s*\w+\)"), "BHLL3"),
+)
 
 
 #: (what in a forward's source shows another operator than softmax attention over every key, what it is)
@@ -330,7 +338,8 @@ class StructuralAdapter(Adapter):
             # a causal layer always gets its causal mask explicitly (ANDed with ours): HF eager and
             # torchtune apply only the mask they are given, and the AND is harmless for the others
             explicit_causal = conv.causal
-            converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal)
+            heads = q.shape[-1] // _head_dim(module, self.params(module)) if fmt.layout == "BHLL3" else None
+            converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal, heads=heads)
             if sig.context_mask is not None and sig.context in kwargs:
                 # BigBird's and BERT's kind: with a context, the layer reads encoder_attention_mask
                 # and drops attention_mask
