@@ -143,6 +143,24 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
 
 
+def always_masked(module: nn.Module) -> str:
+    """Why ``module`` is called with an all-keep mask where an example has none, or "".
+
+    HF's ``sdpa_attention_forward`` takes a layer with no ``is_causal`` attribute as causal, and
+    applies causality when it gets no mask. Such layers are the older ones, whose models build
+    their masks themselves (BERT's ``get_extended_attention_mask`` kind: ones where none is given;
+    Mllama's vision encoder, LayoutLM) and never call them without one: called so here too, and
+    said. (A model that called one with None would be causal by mistake: a model's bug, which a
+    layer's gate cannot see.)
+    """
+    config = getattr(module, "config", None)
+    if library_of(module) != "transformers" or hasattr(module, "is_causal") \
+            or getattr(config, "_attn_implementation", None) != "sdpa":
+        return ""
+    return ("no is_causal attribute (HF's sdpa would make it causal without a mask): called with an all-keep mask "
+            "where an example has none, as its model always passes one")
+
+
 #: a forward that compares its mask's size to one shape and raises on any other: that layout exactly
 _EXACT_MASK = (
     (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+,\s*1,\s*\w+,\s*\w+\)"), "B1LL"),  # LED, XGLM
@@ -245,7 +263,8 @@ class StructuralAdapter(Adapter):
             softcap=softcap,
             position_bias=position_bias,
             notes=(f"adapter {self.name}", how,
-                   *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note) if n),
+                   *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note,
+                                 always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
         )
         return declared_conventions(module, found)
@@ -346,6 +365,9 @@ class StructuralAdapter(Adapter):
                 kwargs[sig.context_mask] = converted
             elif converted is not None or sig.mask_required:
                 kwargs[sig.mask] = converted
+            elif always_masked(module):
+                kwargs[sig.mask] = fmt.convert(torch.ones(1, 1, Lq, Lk, dtype=torch.bool), B=B, Lq=Lq, Lk=Lk,
+                                               dtype=q.dtype, heads=heads)
         if sig.rotary is not None:
             head_dim = _head_dim(module, self.params(module))
             cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each

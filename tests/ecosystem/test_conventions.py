@@ -76,3 +76,14 @@ def test_the_gate_finds_diffusers_fused_processor_ignoring_attn_scale(cls: str, 
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert result.verdict == verdict and result.examples >= 5, result
     assert verdict == "pass" or "output vs float64 oracle" in str(result.reason), result  # its values, not a raise
+
+
+@pytest.mark.parametrize(("model", "cls"), [("mllama", "MllamaVisionAttention"), ("layoutlm", "LayoutLMSelfAttention")])
+def test_an_sdpa_layer_without_is_causal_is_called_with_a_mask_as_its_model_calls_it(model: str, cls: str) -> None:
+    # HF's sdpa makes such a layer causal without a mask (test_findings.py); its models always pass one
+    pytest.importorskip("transformers")
+    target = load_target(HF.format(model, cls))
+    assert "called with an all-keep mask where an example has none" in target.build(32, 4).conventions.describe()
+    for name in ("oracle_agreement", "query_permutation"):
+        result = run_property(all_properties()[name], target, settings=PROFILES["quick"], seed=0)
+        assert result.verdict == "pass" and result.examples >= 10, result
