@@ -293,7 +293,8 @@ QK_NORMS_IN_FLOAT32 = [
     ("flex_olmo", "FlexOlmoRMSNorm"), ("gemma3", "Gemma3RMSNorm"), ("gemma3n", "Gemma3nRMSNorm"),
     ("hy_v3", "HYV3RMSNorm"), ("kolibri1", "Kolibri1RMSNorm"), ("lara_mini", "LaraMiniRMSNorm"),
     ("lfm2", "Lfm2RMSNorm"), ("lfm2_moe", "Lfm2MoeRMSNorm"), ("mellum", "MellumRMSNorm"),
-    ("minimax_m2", "MiniMaxM2RMSNorm"), ("molmo2", "Molmo2RMSNorm"), ("olmo2", "Olmo2RMSNorm"),
+    ("minimax_m2", "MiniMaxM2RMSNorm"), ("minimax_m3_vl", "MiniMaxM3VLRMSNorm"), ("molmo2", "Molmo2RMSNorm"),
+    ("olmo2", "Olmo2RMSNorm"),
     ("olmo3", "Olmo3RMSNorm"), ("olmoe", "OlmoeRMSNorm"),
     # and those whose rotary read as Llama's had hidden it (gradcheck alone once it was read right)
     ("apertus1p5", "Apertus1p5TextRMSNorm"), ("nanochat", "NanoChatRMSNorm"), ("pe_audio", "PeAudioEncoderRMSNorm"),
@@ -448,9 +449,10 @@ def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0
         torch.testing.assert_close(classic[0, 1:], fused[0, 1:])  # the other rows agree
 
 
-@pytest.mark.parametrize("model", ["vit", "git", "align", "clap"])
+@pytest.mark.parametrize("model", ["vit", "git", "align", "clap", "markuplm"])
 def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: str) -> None:
-    # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's, GIT's, ALIGN's and CLAP's eager code
+    # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's, GIT's, ALIGN's, CLAP's and MarkupLM's
+    # eager code (MarkupLM's models declare no sdpa: eager is what they run)
     from torch import nn
 
     eager_attention_forward = _hf_modeling(model).eager_attention_forward
@@ -488,15 +490,16 @@ def test_ernie_image_attention_takes_encoder_hidden_states_and_ignores_it() -> N
     assert torch.equal(with_context, alone) and torch.equal(other_context, alone)
 
 
-def test_esm_cross_attention_views_its_keys_with_the_querys_length() -> None:
-    # EsmSelfAttention: key = self.key(encoder_hidden_states).view(hidden_shape), hidden_shape from
-    # hidden_states: a context of another length than the queries' cannot be attended to
-    pytest.importorskip("transformers")
-    from transformers.models.esm.modeling_esm import EsmConfig, EsmSelfAttention
+@pytest.mark.parametrize(("model", "prefix"), [("esm", "Esm"), ("megatron_bert", "MegatronBert")])
+def test_cross_attention_that_views_its_keys_with_the_querys_length(model: str, prefix: str) -> None:
+    # key = self.key(encoder_hidden_states).view(hidden_shape), hidden_shape from hidden_states: a
+    # context of another length than the queries' cannot be attended to (BERT's uses kv_shape)
+    module = _hf_modeling(model)
+    import transformers
 
-    config = EsmConfig(hidden_size=8, num_attention_heads=2)
+    config = getattr(transformers, f"{prefix}Config")(hidden_size=8, num_attention_heads=2)
     config._attn_implementation = "eager"
-    layer = EsmSelfAttention(config).eval()
+    layer = getattr(module, f"{prefix}SelfAttention")(config).eval()
     x = _x(1, 3, 8)
     with torch.no_grad():
         assert layer(x, encoder_hidden_states=_x(1, 3, 8))[0].shape == (1, 3, 8)  # Lk = Lq: runs
