@@ -257,6 +257,9 @@ class StructuralAdapter(Adapter):
             dropout=has_dropout(module),
             scale=scale,
             rotary=rotary,
+            # its rotary code still runs, on pairs of columns (LightGlue's stacks x[..., ::2] with
+            # x[..., 1::2]): where the rotation is by 0, head widths stay even
+            head_dim_multiple=2 if sig.rotary and rotary is None else 1,
             q_norm=q_norm,
             k_norm=k_norm,
             v_norm=v_norm,

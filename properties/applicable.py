@@ -3,6 +3,8 @@ the keep-mask views of an example that properties compare on."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from hypothesis import strategies as st
 
@@ -99,8 +101,8 @@ def examples_for(
         fixed_axes = conv.axes
         shapes = shapes.map(lambda s: s._replace(batch=fixed_axes[0] or s.batch, lq=fixed_axes[1] or s.lq,
                                                  lk=fixed_axes[2] or s.lk))
-    if conv.rotary is not None and conv.sizes is None:  # only head widths the rotary can rotate
-        m = conv.rotary.head_dim_multiple()
+    if (conv.rotary is not None or conv.head_dim_multiple > 1) and conv.sizes is None:  # only head widths it takes
+        m = math.lcm(conv.head_dim_multiple, conv.rotary.head_dim_multiple() if conv.rotary is not None else 1)
         shapes = shapes.map(lambda s: s._replace(d_model=s.n_head * max(m, -(-s.head_dim // m) * m)))
     if not conv.cross_attention:
         shapes = shapes.map(lambda s: s._replace(lk=s.lq))

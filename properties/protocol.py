@@ -84,6 +84,9 @@ class Conventions:
     position_bias: an additive bias per head (:class:`mha.scoring.PositionBias`): ALiBi
         (declared ``alibi``) or a table the layer computes (T5's ``compute_bias``).
     window: a sliding window of that many keys the target applies itself (:mod:`mha.scoring`).
+    head_dim_multiple: head widths the target accepts are multiples of it, declared or read (a
+        layer that runs its rotary code on pairs of columns even where the rotation is by 0);
+        a rotary's own multiple applies besides.
     notes: the conventions in words, printed in the report.
     """
 
@@ -110,6 +113,7 @@ class Conventions:
     softcap: float | None = None
     position_bias: PositionBias | None = None
     window: int | None = None
+    head_dim_multiple: int = 1
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -125,7 +129,8 @@ class Conventions:
         negation), kv_shared, weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
         (None, or a mapping of base, interleaved, fraction, reverse: ``{"base": 10000.0}``), softcap (a
-        positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias).
+        positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias),
+        head_dim_multiple (a positive int).
         """
         changes: dict[str, object] = {}
         for key, value in declaration.items():
@@ -152,6 +157,8 @@ class Conventions:
             parts.append(f"{self.kv_heads} kv heads")
         if self.sizes:
             parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
+        if self.head_dim_multiple > 1:
+            parts.append(f"head widths a multiple of {self.head_dim_multiple}")
         if self.dtype is not None:
             parts.append(str(self.dtype).replace("torch.", ""))
         if self.output_dtype is not None:
@@ -187,6 +194,12 @@ def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:
             raise ValueError(f"expected one of {allowed}")
         return str(value)
     return parse
+
+
+def _positive(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError("expected a positive int")
+    return value
 
 
 def _positive_or_none(value: object) -> int | None:
@@ -257,6 +270,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "rotary": ("rotary", _rotary),
     "softcap": ("softcap", _scale),
     "window": ("window", _positive_or_none),
+    "head_dim_multiple": ("head_dim_multiple", _positive),
     "alibi": ("position_bias", _alibi),
 }
 

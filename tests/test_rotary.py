@@ -49,6 +49,11 @@ def test_examples_for_a_rotary_layer_draw_head_widths_it_can_rotate(ex: AttnExam
     assert ex.sizes.head_dim % 8 == 0
 
 
+@given(examples_for(Conventions(head_dim_multiple=2).declare({"head_dim_multiple": 6}), layouts=False))
+def test_examples_draw_the_head_widths_a_layer_takes(ex: AttnExample) -> None:
+    assert ex.sizes.head_dim % 6 == 0
+
+
 def test_rotary_is_read_from_the_layers_config_and_declarable() -> None:
     conv = load_target(FIXTURE + "RotaryAttention").build(16, 2).conventions
     assert conv.rotary == Rotary(10000.0)
@@ -114,6 +119,8 @@ def test_a_rotary_no_formula_matches_is_replaced_by_a_rotation_by_zero_and_said(
     assert conv.rotary is None
     assert "rotary replaced by a rotation by 0: its apply_rotary_pos_emb matches no rotary formula" \
         in conv.describe()
+    # its rotary code still runs on pairs of columns: head widths stay even
+    assert conv.head_dim_multiple == 2 and "head widths a multiple of 2" in conv.describe()
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
     assert result.verdict == "pass" and result.examples >= 5, result
 

@@ -323,11 +323,13 @@ def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> Non
 @pytest.mark.parametrize(("model", "layout"), [
     ("cohere", "pairs"), ("cohere2", "pairs"), ("cohere2_moe", "pairs"),
     ("ernie4_5", "pairs from halves"), ("ernie4_5_moe", "pairs from halves"), ("evolla", "halves"),
+    ("lightglue", "pairs"),
 ])
 def test_rotaries_that_upcast_run_in_float32_for_float64_inputs(model: str, layout: str) -> None:
     # these apply_rotary_pos_emb take q.float() and k.float(): a float64 input is rounded to float32.
     # Cohere rotates neighbouring columns by cos and sin repeated per pair; Ernie 4.5 the same, from
-    # cos and sin in HF's halves layout; Evolla rotates halves (Llama's)
+    # cos and sin in HF's halves layout; Evolla rotates halves (Llama's); LightGlue neighbouring
+    # columns, its cos and sin repeated per pair by its keypoint encoder
     module = _hf_modeling(model)
     q = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # (B, H, L, Hd)
     angles = torch.linspace(0.1, 2.0, 5 * 2, dtype=torch.float64).reshape(1, 5, 2)  # (B, L, Hd/2)
