@@ -294,7 +294,9 @@ QK_NORMS_IN_FLOAT32 = [
     ("hy_v3", "HYV3RMSNorm"), ("kolibri1", "Kolibri1RMSNorm"), ("lara_mini", "LaraMiniRMSNorm"),
     ("lfm2", "Lfm2RMSNorm"), ("lfm2_moe", "Lfm2MoeRMSNorm"), ("mellum", "MellumRMSNorm"),
     ("minimax_m2", "MiniMaxM2RMSNorm"), ("minimax_m3_vl", "MiniMaxM3VLRMSNorm"), ("molmo2", "Molmo2RMSNorm"),
-    ("olmo2", "Olmo2RMSNorm"),
+    ("olmo2", "Olmo2RMSNorm"), ("olmo_hybrid", "OlmoHybridRMSNorm"), ("qwen3_moe", "Qwen3MoeRMSNorm"),
+    ("qwen3_omni_moe", "Qwen3OmniMoeThinkerTextRMSNorm"), ("qwen3_vl", "Qwen3VLTextRMSNorm"),
+    ("qwen3_vl_moe", "Qwen3VLMoeTextRMSNorm"),
     ("olmo3", "Olmo3RMSNorm"), ("olmoe", "OlmoeRMSNorm"),
     # and those whose rotary read as Llama's had hidden it (gradcheck alone once it was read right)
     ("apertus1p5", "Apertus1p5TextRMSNorm"), ("nanochat", "NanoChatRMSNorm"), ("pe_audio", "PeAudioEncoderRMSNorm"),
