@@ -24,9 +24,10 @@ from enum import Enum
 import torch
 
 #: what a fully masked query row gives: "zeros" (our contract: zero weights, output w_o(0) = b_o),
-#: "uniform" (weights spread evenly over the keys causality and a window leave, every key without
-#: them: layers that mask with finfo.min), "nan" (torch MHA)
-FULLY_MASKED = ("zeros", "uniform", "nan")
+#: "uniform" (weights 1/Lk over every key: layers that mask with finfo.min), "uniform_visible"
+#: (weights spread over the keys the layer's own causal or window mask leaves: finfo.min added to a
+#: causal finfo.min overflows to -inf there, ImageGPT's kind), "nan" (torch MHA)
+FULLY_MASKED = ("zeros", "uniform", "uniform_visible", "nan")
 
 
 class MaskForm(str, Enum):

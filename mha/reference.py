@@ -87,9 +87,10 @@ def attention(
         bias: the position bias broadcasting to (..., Lq, Lk) (:meth:`PositionBias.heads`), or None.
         causal: also remove keys j > i for query i (top-left aligned, as SDPA's ``is_causal``).
         fully_masked: what a query row with every key removed gets: "zeros" (our contract:
-            zero weights, zero output), "uniform" (weights spread evenly over the keys that causality
-            and the window leave, all keys without them, as a layer that masks with ``finfo.min``
-            computes) or "nan".
+            zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that masks
+            with ``finfo.min`` computes), "uniform_visible" (spread over the keys that causality and
+            the window leave: a layer whose own causal finfo.min, added to the caller's, overflows to
+            -inf) or "nan".
         via_lse: weights as exp(score - lse), the form in which flash-style kernels recompute them in
             their backward pass: the per-row logsumexp ``lse`` stored by the forward pass, and the
             scores recomputed by the backward, are two roundings of the same scores (here: lse of
@@ -123,7 +124,8 @@ def attention(
     # subtract the row maximum (a fully masked row subtracts 0) so exp never overflows
     e = torch.exp(score - torch.where(has_key, row_max, torch.zeros_like(row_max)))
     total = e.sum(dim=-1, keepdim=True)
-    masked_rows = {"zeros": torch.zeros_like(e), "uniform": _uniform(e, hard),
+    masked_rows = {"zeros": torch.zeros_like(e), "uniform": torch.full_like(e, 1.0 / e.shape[-1]),
+                   "uniform_visible": _uniform(e, hard),
                    "nan": torch.full_like(e, math.nan)}[fully_masked]
     if via_lse:
         eps = torch.finfo(score.dtype).eps

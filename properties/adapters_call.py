@@ -211,6 +211,12 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
 
 
+def own_causal_mask(module: nn.Module) -> bool:
+    """Whether the layer masks the future itself with a lower-triangular buffer of its own (GPT-2's
+    older code, ImageGPT's ``bias``), on top of any mask it is given."""
+    return any(_lower_triangular(buf) for _, buf in module.named_buffers(recurse=False))
+
+
 def forward_sources(module: nn.Module) -> tuple[tuple[str, str], ...]:
     """(where, source text) of the layer's forward and of a diffusers processor's ``__call__``
     (the layer's forward hands the work to it); "" where the source cannot be read."""
@@ -442,6 +448,7 @@ __all__ = [
     "layer_softcap",
     "layer_type_of",
     "library_rotary",
+    "own_causal_mask",
     "position_embeddings",
     "read_signature",
     "returns_weights",

@@ -60,6 +60,7 @@ from mha_verify.properties.adapters_call import (
     layer_scale,
     layer_softcap,
     layer_type_of,
+    own_causal_mask,
     position_embeddings,
     read_signature,
     returns_weights,
@@ -215,6 +216,9 @@ class StructuralAdapter(Adapter):
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
+        if fully_masked == "uniform" and causal and own_causal_mask(module):
+            # ImageGPT's where(causal, scores, finfo.min) plus a finfo.min mask: -inf on future keys
+            fully_masked = "uniform_visible"
         has_mask = sig.mask is not None
         # keys = values through one argument (``key_value_states``, ``encoder_hidden_states``):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention

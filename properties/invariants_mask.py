@@ -154,9 +154,9 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
     without bias), never NaN; every other row stays finite. Checked on both of the target's
     paths where it has two (with and without weights); paths that disagree give a warning.
     A target that declares another convention is "declared" when it does exactly that: NaN
-    on those rows, or "uniform" (weights spread evenly over the keys a causal or window mask
-    leaves, every key without one, as masking with finfo.min gives), held against the float64
-    formula with that convention.
+    on those rows, or "uniform" (weights 1/Lk over every key, as masking with finfo.min gives) or
+    "uniform_visible" (over the keys the layer's own causal or window mask leaves), held against
+    the float64 formula with that convention.
     """
     conv = bound.conventions
     masked = fully_masked(ex, conv.causal)  # (B, H, Lq)
@@ -180,17 +180,17 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
             heads = "all" if bool(all_masked[bad]) else "some"
             raise Violation(f"{path} not finite at (b, i)={bad}; a row with {heads} heads fully masked "
                             "should be finite")
-        if conv.fully_masked == "uniform":
+        if conv.fully_masked in ("uniform", "uniform_visible"):
             ref, _, same = oracle(bound, ex)
             ensure(compare(out[affected], ref[affected], same[affected], ex.q.dtype),
                    f"{path} of fully masked rows vs the declared uniform weights (float64)")
-            seen[path] = "uniform"
+            seen[path] = conv.fully_masked
             continue
         scale = float(expected.abs().max()) if expected.numel() else 0.0
         close(out[all_masked], expected.expand_as(out[all_masked]), 1e-6 * (1.0 + scale),
               f"{path} of a fully masked row vs w_o(0) = b_o")
         seen[path] = "b_o"
-    declared = {"nan": "NaN", "uniform": "uniform"}.get(conv.fully_masked)
+    declared = {"nan": "NaN", "uniform": "uniform", "uniform_visible": "uniform_visible"}.get(conv.fully_masked)
     undeclared = [p for p, v in seen.items() if v == "NaN" and declared != "NaN"]
     if undeclared:
         raise Violation(f"{', '.join(undeclared)} gives NaN on fully masked rows; should give "

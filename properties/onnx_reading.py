@@ -28,8 +28,8 @@ FLOAT_KINDS = ("additive", "additive_min")  # -inf removes (ONNX, SDPA) / finfo.
 DECLARABLE = ("layout", "mask_axes", "mask_kind")
 #: conventions ``validate --conventions`` declares (the file's metadata may state them too);
 #: ``scale`` takes a positive number, the others one of their values
-CONVENTIONS: dict[str, tuple[str, ...]] = {"fully_masked": ("zeros", "uniform", "nan"), "causal": ("true", "false"),
-                                           "scale": ()}
+CONVENTIONS: dict[str, tuple[str, ...]] = {"fully_masked": ("zeros", "uniform", "uniform_visible", "nan"),
+                                           "causal": ("true", "false"), "scale": ()}
 
 Dim = int | str | None
 

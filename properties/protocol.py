@@ -59,8 +59,9 @@ class Conventions:
     weights: True if the target can return attention weights (B, H, Lq, Lk).
     fully_masked: what a fully masked query row gives (:data:`mha.masks.FULLY_MASKED`):
         "zeros" (our contract: w_o(0) = b_o), "uniform" (weights 1/Lk over all keys, as layers
-        that mask with finfo.min compute) or "nan" (e.g. torch.nn.MultiheadAttention);
-        declared, never inferred from outputs.
+        that mask with finfo.min compute), "uniform_visible" (over the keys the layer's own causal
+        mask of finfo.min leaves) or "nan" (e.g. torch.nn.MultiheadAttention); declared or read
+        from the layer's structure, never inferred from outputs.
     causal: the target applies a causal mask itself (query i sees keys j <= i).
     grads: gradients can be taken through it (False for an onnxruntime session).
     dropout: it has a dropout probability the harness can set (False: none, or not settable).

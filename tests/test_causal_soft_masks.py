@@ -1,5 +1,5 @@
 """A causal layer masking with finfo.min (ImageGPT's eager attention) gives a fully masked row
-uniform weights over the keys causality leaves: declared "uniform", it passes; its twin, whose
+uniform weights over the keys causality leaves: declared "uniform_visible", it passes; its twin, whose
 fully masked rows spread over the future keys too, fails."""
 
 from __future__ import annotations

@@ -88,5 +88,5 @@ def test_conventions_take_checked_keys() -> None:
     for bad in ("scale=0", "scale=-1", "scale=nan", "scale=x"):
         with pytest.raises(ValueError, match="--conventions scale must be a positive number"):
             parse_conventions(bad)
-    with pytest.raises(ValueError, match="fully_masked must be one of zeros, uniform, nan"):
+    with pytest.raises(ValueError, match="fully_masked must be one of zeros, uniform, uniform_visible, nan"):
         parse_conventions("fully_masked=inf")

@@ -86,9 +86,10 @@ def test_kernel_draw_is_the_kernel_beside_a_fully_masked_item() -> None:
 
 
 def test_uniform_rows_under_causality_spread_over_the_keys_it_leaves() -> None:
-    """"uniform" is what masking with finfo.min computes: under a hard causal or window mask, a row
-    whose every visible key the caller masks spreads its weights over those visible keys only
-    (finfo.min twice overflows to -inf), held against a plain softmax of those additive masks."""
+    """"uniform_visible" is what masking with finfo.min computes under a causal or window mask of
+    finfo.min too: a row whose every key the caller masks spreads its weights over the keys
+    causality leaves (finfo.min twice overflows to -inf), held against a plain softmax of those
+    additive masks."""
     from mha_verify.mha.scoring import Scoring
 
     g = torch.Generator().manual_seed(3)
@@ -104,7 +105,7 @@ def test_uniform_rows_under_causality_spread_over_the_keys_it_leaves() -> None:
         hard_add = torch.zeros(5, 5, dtype=torch.float64).masked_fill(~hard, low)
         scores = q @ k.transpose(-1, -2) / 2.0 + hard_add + soft  # finfo.min + finfo.min = -inf
         expected = scores.softmax(dim=-1)
-        _, weights = attention(q, k, v, keep, causal=True, fully_masked="uniform", scoring=scoring)
+        _, weights = attention(q, k, v, keep, causal=True, fully_masked="uniform_visible", scoring=scoring)
         torch.testing.assert_close(weights, expected, rtol=1e-12, atol=1e-12)
         assert torch.equal(expected[0, 3], hard[3].double() / hard[3].sum())  # spread over the keys left, not over all
         assert torch.equal(expected[1, 4], hard[4].double() / hard[4].sum())

@@ -42,6 +42,8 @@ def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: 
 @pytest.mark.parametrize(("model", "cls", "rows"), [
     ("t5", "T5Attention", "uniform"),  # sdpa_attention_forward: where(mask, its position bias, finfo.min)
     ("layoutlmv3", "LayoutLMv3SelfAttention", "zeros"),  # takes position_bias from its model: None alone
+    ("imagegpt", "ImageGPTAttention", "uniform_visible"),  # its own causal finfo.min, plus the mask's: -inf
+    ("gemma2", "Gemma2Attention", "uniform"),  # causal through the mask HF builds: finfo.min on every key
 ])
 def test_fully_masked_rows_follow_whether_the_layer_computes_its_position_bias(model: str, cls: str,
                                                                                 rows: str) -> None:
@@ -51,7 +53,7 @@ def test_fully_masked_rows_follow_whether_the_layer_computes_its_position_bias(m
     if model == "t5":  # T5 fails the property itself: a true finding (test_findings.py)
         return
     result = run_property(all_properties()["fully_masked_rows"], target, settings=PROFILES["quick"], seed=0)
-    assert result.verdict == "pass" and result.examples >= 5, result
+    assert result.verdict == ("pass" if rows == "zeros" else "declared") and result.examples >= 5, result
 
 
 @pytest.mark.parametrize(("model", "cls"), [("gemma2", "Gemma2Attention"),
