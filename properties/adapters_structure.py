@@ -162,6 +162,15 @@ def always_masked(module: nn.Module) -> str:
             "where an example has none, as its model always passes one")
 
 
+#: a forward that reads a second batch axis from its inputs (SAM's ``batch_size, point_batch_size =
+#: query.shape[:2]``): called with inputs (B, 1, L, D)
+_POINT_BATCH = re.compile(r"point_batch_size\s*=\s*\w+\.shape\[:2\]")
+
+
+def _takes_points(module: nn.Module) -> bool:
+    return any(_POINT_BATCH.search(source) for _, source in forward_sources(module))
+
+
 #: a forward that compares its mask's size to one shape and raises on any other: that layout exactly
 _EXACT_MASK = (
     (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+,\s*1,\s*\w+,\s*\w+\)"), "B1LL"),  # LED, XGLM
@@ -178,6 +187,13 @@ _OTHER_OPERATORS = (
     # LongT5's local and transient-global layers: attention within blocks (and their neighbours)
     (re.compile(r"\bblock_len\b"), "attends within blocks of block_len keys (LongT5's local attention), "
                                     "a structure the oracle does not model"),
+    # Reformer's local attention: chunks that see their neighbours, the first one the last
+    (re.compile(r"\b_look_adjacent\(|\b_split_seq_length_dim_to\("),
+     "attends within chunks and their neighbours (Reformer's chunked attention), a structure the oracle does "
+     "not model"),
+    # Qwen2.5-Omni's DiT: query[:, :1], key[:, :1] = apply_rotary_pos_emb(...)
+    (re.compile(r"\w+\[:,\s*:\d+\]\s*(,\s*\w+\[:,\s*:\d+\]\s*)?=\s*apply_rotary_pos_emb\("),
+     "rotates some of its heads only (rotary on a slice of the heads), a step the oracle does not model"),
 )
 
 
@@ -319,7 +335,8 @@ class StructuralAdapter(Adapter):
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
-        return first_output(module(**self._kwargs(module, q, k, v, mask)))
+        out = first_output(module(**self._points(module, self._kwargs(module, q, k, v, mask))))
+        return out[:, 0] if _takes_points(module) else out
 
     def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,11 +344,25 @@ class StructuralAdapter(Adapter):
         family (output, position_bias, weights)."""
         if not self.conventions(module).weights:
             raise NotApplicable(f"{type(module).__name__} returns no attention weights here")
-        out = module(**self._kwargs(module, q, k, v, mask))
+        out = module(**self._points(module, self._kwargs(module, q, k, v, mask)))
         at = 2 if read_signature(module).position_bias is not None else 1
         if not (isinstance(out, tuple) and len(out) > at and isinstance(out[at], torch.Tensor)):
             raise NotApplicable("the target's forward returned no attention weights")
-        return out[0], out[at]
+        return (out[0][:, 0] if _takes_points(module) else out[0]), out[at]  # weights (B * 1, H, Lq, Lk)
+
+    @staticmethod
+    def _points(module: nn.Module, kwargs: dict[str, object]) -> dict[str, object]:
+        """``kwargs`` with q, k and v (B, L, D) as (B, 1, L, D) for a layer that takes a second batch
+        axis (SAM's point batch), the same tensor for the same input (an exporter sees self-attention)."""
+        if not _takes_points(module):
+            return kwargs
+        sig = read_signature(module)
+        seen: dict[int, torch.Tensor] = {}
+        for name in (n for n in (sig.input, sig.key, sig.value, sig.context) if n is not None):
+            t = kwargs.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() == 3:
+                kwargs[name] = seen.setdefault(id(t), t[:, None])
+        return kwargs
 
     def _kwargs(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> dict[str, object]:

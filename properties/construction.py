@@ -43,6 +43,9 @@ PARAMETER_ROLES: dict[str, str] = {
     # a layer that can compute its own position bias (T5's first layer) is built with it: the oracle
     # adds the layer's table (mha.scoring.PositionBias), so how the layer adds it is verified
     "has_relative_attention_bias": "position_bias",
+    # SAM's layers project to hidden_size / downsample_rate: built at full width, as its models'
+    # self-attention is (the oracle's heads are d_model / n_head wide)
+    "downsample_rate": "one",
 }
 CONFIG_NAMES = ("config", "cfg", "args")
 #: a config field -> the size it is set to, where the library's config has the field
@@ -52,6 +55,7 @@ CONFIG_ROLES: dict[str, str] = {
                      "decoder_attention_heads"), "n_head"),
     **dict.fromkeys(("d_kv", "kv_channels", "attention_head_size"), "head_dim"),
     **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads"), "kv_heads"),
+    "attention_downsample_rate": "one",
 }
 #: set on every library config whether it has the field or not (layers read it with a fallback)
 CONFIG_ALWAYS = ("head_dim",)
@@ -65,7 +69,7 @@ def sizes_of(d_model: int, n_head: int, grouped: bool = True) -> dict[str, int]:
     """The value of each role at (d_model, n_head). Key/value heads: half the query heads where
     H is even and ``grouped`` (grouped-query attention gets exercised), else H."""
     return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
-            "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True}
+            "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True, "one": 1}
 
 
 def config_for(d_model: int, n_head: int) -> SimpleNamespace:
@@ -227,7 +231,7 @@ def plans(cls: type) -> list[Construction]:
             config = p
         elif p.default is p.empty:
             unknown.append(p.name)
-    if unknown or (not any(role != "position_bias" for _, role in roles) and config is None):
+    if unknown or (not any(role not in ("position_bias", "one") for _, role in roles) and config is None):
         return [Construction(cls, positional=True)]
     if config is None:
         return [Construction(cls, tuple(roles))]

@@ -12,6 +12,8 @@ what they compute. A result that matches none is said, never guessed.
 
 from __future__ import annotations
 
+import functools
+import re
 import sys
 import types
 import weakref
@@ -22,7 +24,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.rotary import Rotary
-from mha_verify.properties.adapters_call import library_rotary, rotary_cos_sin
+from mha_verify.properties.adapters_call import forward_sources, library_rotary, rotary_cos_sin
 
 #: (interleaved, reverse) of the four pairings and directions, in the order they are tried
 LAYOUTS = ((False, False), (True, False), (False, True), (True, True))
@@ -93,6 +95,10 @@ def cos_sin_batched(module: nn.Module) -> bool:
     apply = _namespace(module).get("apply_rotary_pos_emb")
     batched = True
     if callable(apply):
+        # the forward may call it with its own unsqueeze_dim (Pixtral's 0: cos and sin (L, r))
+        dims = {int(m) for _, source in forward_sources(module) for m in _UNSQUEEZE.findall(source)}
+        if len(dims) == 1:
+            apply = functools.partial(apply, unsqueeze_dim=dims.pop())
         q, k = torch.randn(2, 2, 3, 6, 4, generator=torch.Generator().manual_seed(0))
         angles = torch.arange(6.0)[:, None] * torch.tensor([1.0, 0.5, 1.0, 0.5])  # (6, 4)
         with torch.no_grad():
@@ -100,6 +106,9 @@ def cos_sin_batched(module: nn.Module) -> bool:
                 or not _runs(apply, q, k, angles.cos(), angles.sin())
     _BATCHED[module] = batched
     return batched
+
+
+_UNSQUEEZE = re.compile(r"apply_rotary_pos_emb\([^()]*\bunsqueeze_dim\s*=\s*(\d)")
 
 
 def _runs(apply: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

@@ -122,7 +122,17 @@ def test_a_layer_whose_models_refuse_sdpa_is_built_with_eager() -> None:
     ("AutoCorrelation", "computes through torch.fft"),
     ("ProbSparse", "samples at random"),
     ("BlockLocal", "attends within blocks of block_len keys"),
+    ("ChunkedLocal", "attends within chunks and their neighbours"),
+    ("HeadSliceRotary", "rotates some of its heads only"),
 ])
 def test_another_operator_than_attention_over_every_key_is_refused(layer: str, said: str) -> None:
-    with pytest.raises(TargetError, match=rf"{layer}'s forward {said}.*cannot be verified as attention"):
+    with pytest.raises(TargetError, match=rf"{layer}'s forward {said}.*cannot be verified"):
         load_target("tests/fixtures/odd_layers.py:" + layer)
+
+
+def test_a_layer_with_a_point_batch_axis_is_built_at_full_width_and_called_with_one_point() -> None:
+    target = load_target("tests/fixtures/odd_layers.py:PointBatchAttention")
+    assert target.build(8, 8).module.q_proj.out_features == 8  # downsample_rate=1: 8 heads of width 1
+    assert "downsample_rate=1" in target.built_as
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples >= 10, result

@@ -104,6 +104,8 @@ def test_a_reverse_rotary_undoes_the_forward_one(interleaved: bool) -> None:
     ("rotary_complex.py:ComplexPairsTransposedKeys", Rotary(interleaved=True), "fail"),
     ("rotary_batchless.py:BatchlessRotary", Rotary(base=100.0), "pass"),  # cos, sin (L, r): DINOv3's
     ("rotary_batchless.py:BatchlessKeysReversed", Rotary(base=100.0), "fail"),
+    ("rotary_unsqueeze.py:UnsqueezeZeroRotary", Rotary(), "pass"),  # Pixtral's apply(..., unsqueeze_dim=0)
+    ("rotary_unsqueeze.py:UnsqueezeZeroKeysReversed", Rotary(), "fail"),
 ])
 def test_a_layers_rotary_layout_and_direction_are_read_by_running_its_functions(layer: str, rotary: Rotary,
                                                                                 verdict: str) -> None:
