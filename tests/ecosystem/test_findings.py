@@ -258,13 +258,15 @@ def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_
     assert torch.allclose(by_bool[:, [0, 2, 3]], by_float[:, [0, 2, 3]], atol=1e-6)  # the other rows agree
 
 
-def test_pp_ocrv5_server_rec_attention_takes_an_attention_mask_and_ignores_it() -> None:
-    pytest.importorskip("transformers")
-    from transformers.models.pp_ocrv5_server_rec import modeling_pp_ocrv5_server_rec as m
-
-    config = m.PPOCRV5ServerRecConfig()
+@pytest.mark.parametrize(("model", "prefix"), [("pp_ocrv5_server_rec", "PPOCRV5ServerRec"),
+                                             ("pp_ocrv5_mobile_rec", "PPOCRV5MobileRec"),
+                                             ("pp_ocrv6_small_rec", "PPOCRV6SmallRec")])
+def test_pp_ocr_rec_attention_takes_an_attention_mask_and_ignores_it(model: str, prefix: str) -> None:
+    # "Not used but kept for signature matching": a caller's mask is dropped without a word
+    m = _hf_modeling(model)
+    config = getattr(m, f"{prefix}Config")()
     config.hidden_size, config.num_attention_heads = 8, 2
-    layer = m.PPOCRV5ServerRecAttention(config).eval()
+    layer = getattr(m, f"{prefix}Attention")(config).eval()
     x, keep = _x(), _fully_masked_row_keep()
     additive = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
     with torch.no_grad():
