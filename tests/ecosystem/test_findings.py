@@ -234,7 +234,8 @@ def test_gpt2_attention_raises_on_a_transposed_view_of_its_input() -> None:
 
 
 # T5's attention and the copies of it the sweep failed on fully_masked_rows: (model, its prefix)
-T5_FAMILY = [("t5", "T5"), ("mt5", "MT5"), ("pop2piano", "Pop2Piano"), ("switch_transformers", "SwitchTransformers")]
+T5_FAMILY = [("t5", "T5"), ("mt5", "MT5"), ("pop2piano", "Pop2Piano"), ("switch_transformers", "SwitchTransformers"),
+             ("udop", "Udop")]
 
 
 @pytest.mark.parametrize(("model", "prefix"), T5_FAMILY)
@@ -455,10 +456,12 @@ def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0
         torch.testing.assert_close(classic[0, 1:], fused[0, 1:])  # the other rows agree
 
 
-@pytest.mark.parametrize("model", ["vit", "git", "align", "clap", "markuplm"])
+@pytest.mark.parametrize("model", ["vit", "git", "align", "clap", "markuplm", "splinter", "t5gemma", "t5gemma2",
+                                   "vaultgemma", "videoprism"])
 def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: str) -> None:
     # softmax(attn_weights, dtype=torch.float32).to(query.dtype): ViT's, GIT's, ALIGN's, CLAP's and MarkupLM's
-    # eager code (MarkupLM's models declare no sdpa: eager is what they run)
+    # eager code (MarkupLM's models declare no sdpa: eager is what they run), and of those built eager
+    # because their models refuse sdpa or soft-cap (Splinter, T5Gemma 1 and 2, VaultGemma, VideoPrism)
     from torch import nn
 
     eager_attention_forward = _hf_modeling(model).eager_attention_forward
@@ -466,6 +469,7 @@ def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: s
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g) for _ in range(3))  # (B, H, L, Hd)
     module = nn.Module().eval()
+    module.num_key_value_groups = 1  # the Gemma family's repeat_kv reads it
     got, _ = eager_attention_forward(module, q, k, v, None, scaling=0.5, dropout=0.0)
     exact = ((q @ k.transpose(-1, -2) * 0.5).softmax(-1) @ v).transpose(1, 2)  # (B, L, H, Hd)
     assert got.dtype == torch.float64
