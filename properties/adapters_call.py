@@ -42,7 +42,8 @@ KV_PAIRS = (("key", "value"), ("k", "v"))
 CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "key_value_states", "memory", "kv")
 MASK_NAMES = ("attn_mask", "attention_mask", "mask")
 PADDING_NAMES = ("key_padding_mask",)
-DROPOUT_ATTRS = ("dropout", "attn_dropout", "dropout_p", "attention_dropout", "attn_pdrop")
+#: (Seed-OSS applies ``residual_dropout`` to its attention output inside the layer)
+DROPOUT_ATTRS = ("dropout", "attn_dropout", "dropout_p", "attention_dropout", "attn_pdrop", "residual_dropout")
 
 
 @dataclass(frozen=True)
@@ -306,7 +307,8 @@ def dropout_attrs(module: nn.Module) -> list[tuple[nn.Module, str]]:
 def set_all_dropout(module: nn.Module, p: float) -> bool:
     """Set every dropout probability ``module`` holds to ``p``: nn.Dropout modules and float
     attributes (``dropout``, ``attn_dropout``, ``dropout_p``, ``attention_dropout``,
-    ``attn_pdrop``, which layers pass to ``F.dropout`` or SDPA's ``dropout_p``). False if none."""
+    ``attn_pdrop``, ``residual_dropout``, which layers pass to ``F.dropout`` or SDPA's ``dropout_p``).
+    False if none."""
     found = False
     for sub in module.modules():
         if isinstance(sub, nn.modules.dropout._DropoutNd):

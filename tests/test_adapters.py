@@ -161,3 +161,9 @@ def test_a_fused_projection_grouped_per_head_is_split_per_head(layer: str, verdi
     target = load_target("tests/fixtures/per_head_fused.py:" + layer)
     result = run_property(all_properties()["oracle_agreement"], target, settings=profiles.PROFILES["quick"], seed=0)
     assert result.verdict == verdict and result.examples >= 2, result
+
+
+def test_a_dropout_on_the_layers_output_is_set_with_the_others() -> None:
+    result = run_property(all_properties()["train_mode_agreement"], load_target(FIX + "odd_layers.py:ResidualDropout"),
+                          settings=profiles.PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples >= 10, result

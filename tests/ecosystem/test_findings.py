@@ -500,7 +500,7 @@ def test_ernie_image_attention_takes_encoder_hidden_states_and_ignores_it() -> N
     assert torch.equal(with_context, alone) and torch.equal(other_context, alone)
 
 
-@pytest.mark.parametrize(("model", "prefix"), [("esm", "Esm"), ("megatron_bert", "MegatronBert")])
+@pytest.mark.parametrize(("model", "prefix"), [("esm", "Esm"), ("megatron_bert", "MegatronBert"), ("tapas", "Tapas")])
 def test_cross_attention_that_views_its_keys_with_the_querys_length(model: str, prefix: str) -> None:
     # key = self.key(encoder_hidden_states).view(hidden_shape), hidden_shape from hidden_states: a
     # context of another length than the queries' cannot be attended to (BERT's uses kv_shape)
