@@ -130,9 +130,10 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.
     """
     implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager")
-    if read_signature(module).position_bias and callable(getattr(module, "compute_bias", None)):
-        # a bias reaches HF's attention function only from a layer that computes one (T5's
-        # compute_bias, zeros where it has no table); LayoutLMv3's comes from its model: None here
+    if callable(getattr(module, "compute_bias", None)):
+        # a bias reaches HF's attention function only from a layer that computes one (T5's and
+        # UMT5's compute_bias, zeros where it has no table); LayoutLMv3's and PP-DocLayout's come
+        # from their models, through a position_bias argument: None here
         implementation += "+position_bias"
     library = library_of(module)
     sources = " ".join(source for _, source in forward_sources(module))

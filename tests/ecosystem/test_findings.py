@@ -235,7 +235,7 @@ def test_gpt2_attention_raises_on_a_transposed_view_of_its_input() -> None:
 
 # T5's attention and the copies of it the sweep failed on fully_masked_rows: (model, its prefix)
 T5_FAMILY = [("t5", "T5"), ("mt5", "MT5"), ("pop2piano", "Pop2Piano"), ("switch_transformers", "SwitchTransformers"),
-             ("udop", "Udop")]
+             ("udop", "Udop"), ("umt5", "UMT5")]
 
 
 @pytest.mark.parametrize(("model", "prefix"), T5_FAMILY)
@@ -247,11 +247,14 @@ def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_
     config = getattr(transformers, f"{prefix}Config")(d_model=8, num_heads=2, d_kv=4)
     config._attn_implementation = "sdpa"
     layer = getattr(module, f"{prefix}Attention")(config).eval()
+    import inspect
+
+    name = "mask" if "mask" in inspect.signature(layer.forward).parameters else "attention_mask"  # UMT5's
     x, keep = _x(), _fully_masked_row_keep()
     additive = torch.zeros(keep.shape).masked_fill(~keep, -math.inf)
     with torch.no_grad():
-        by_bool = layer(x, mask=keep)[0]
-        by_float = layer(x, mask=additive)[0]
+        by_bool = layer(x, **{name: keep})[0]
+        by_float = layer(x, **{name: additive})[0]
         values = layer.v(x).view(2, 4, 2, 4).transpose(1, 2)  # (B, H, L, Hd)
         uniform = layer.o(values.mean(dim=2).reshape(2, 8))  # every key weighted 1/Lk
     assert torch.allclose(by_bool[:, 1], uniform, atol=1e-6)  # where(mask, bias, finfo.min): uniform weights
