@@ -211,6 +211,9 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
+        other = _another_operator(module)
+        if other:  # judged against softmax attention over every key it would fail every property
+            raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         q_norm, k_norm, v_norm = self._norms(module)
         learned = [a for a in SCALE_ATTRS if isinstance(getattr(module, a, None), nn.Parameter)]
         if learned:  # TimesFM: softplus(scaling) per query dimension
@@ -227,9 +230,6 @@ class StructuralAdapter(Adapter):
             raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
                              "a step beyond the attention the oracle models (a gate, a learned scale, attention "
                              "sinks, a convolution), so it cannot be verified yet")
-        other = _another_operator(module)
-        if other:  # judged against softmax attention over every key it would fail every property
-            raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)

@@ -543,3 +543,28 @@ def test_a_layer_without_is_causal_is_causal_under_sdpa_when_called_without_a_ma
         causal = layer(x, attention_mask=torch.ones(4, 4, dtype=torch.bool).tril().expand(2, 1, 4, 4))[0]
     assert torch.allclose(without, causal, atol=1e-6)  # no mask: query 0 sees key 0 alone
     assert float((without[:, 0] - with_ones[:, 0]).abs().max()) > 1e-2
+
+
+def test_xglm_attention_cannot_take_a_mask_in_float64() -> None:
+    # torch.max(scores, torch.full((), finfo(scores.dtype).min)): the full() is float32 by default,
+    # and float64's min does not fit it
+    layer = _hf_modeling("xglm").XGLMAttention(8, 2).double().eval()
+    x = _x(dtype=torch.float64)
+    with torch.no_grad():
+        assert layer(x)[0].dtype == torch.float64  # no mask: runs
+        with pytest.raises(RuntimeError, match="cannot be converted to type float without overflow"):
+            layer(x, attention_mask=torch.zeros(2, 1, 4, 4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("model", "prefix"), [("sam2", "Sam2"), ("edgetam", "EdgeTam"),
+                                             ("sam3_tracker", "Sam3Tracker")])
+def test_sam_attention_takes_keys_and_values_of_different_lengths(model: str, prefix: str) -> None:
+    # its sdpa call inherits CPU SDPA's acceptance of Lk != Lv without a mask
+    # (test_cpu_sdpa_without_a_mask_accepts_lk_different_from_lv)
+    m = _hf_modeling(model)
+    config = getattr(m, f"{prefix}MaskDecoderConfig")(hidden_size=8, num_attention_heads=2)
+    config._attn_implementation = "sdpa"
+    layer = getattr(m, f"{prefix}Attention")(config, downsample_rate=1).eval()
+    q, k, v = _x(1, 3, 8)[:, None], _x(1, 2, 8)[:, None], _x(1, 5, 8)[:, None]  # (B, points, L, D)
+    with torch.no_grad():
+        assert layer(q, k, v)[0].shape == (1, 1, 3, 8)  # no error for Lk = 2, Lv = 5
