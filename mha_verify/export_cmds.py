@@ -294,6 +294,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     "additive (-inf removes) or additive_min (finfo.min removes, HF's) (default: read, else keep / "
                     "additive)")
     va.add_argument("--conventions", default=None, metavar="KEY=VALUE,...",
-                    help="what the file cannot say: fully_masked=zeros|uniform|nan (what a fully masked row gives), "
+                    help="what the file cannot say: fully_masked=zeros|uniform|uniform_visible|nan (what a fully "
+                    "masked row gives), "
                     "causal=true|false, scale=X (the softmax scale; default 1/sqrt(Hd) or the attention operator's)")
     va.set_defaults(func=cmd_validate)
