@@ -82,7 +82,8 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
     of the packed weights (the paper's per-head formulation; for grouped-query attention, key
     head i // g). Checked for the first, the last and two more heads of every example, so
     reversed, shuffled, chunked or cross-mixed heads fail with the head they broke, where
-    ``oracle_agreement`` only sees that the whole output is wrong.
+    ``oracle_agreement`` only sees that the whole output is wrong. Allowed error as there: the
+    derived tolerance beyond each element's bound of rounding the scores.
     """
     conv = bound.conventions
     hd = ex.sizes.head_dim
@@ -118,7 +119,11 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
         expected_same = max((_project(same, p, cols), packed_same),
                             key=lambda t: float((t.double() - expected).abs().max()))
         out = isolated(ex.q, ex.k, ex.v, ex.mask)
-        comparison = compare(out, expected, expected_same, ex.q.dtype)
+        # beyond each element's bound of rounding the scores, as oracle_agreement: through the
+        # restricted W_o it is head i's (at scores of 1e4, near-ties move by ~1e-3 in float32)
+        moved, _ = rounding_bound(ex.q, ex.k, ex.v, p, bound.n_head, ex.mask, dtype=ex.q.dtype, causal=conv.causal,
+                                  fully_masked=conv.fully_masked, scoring=conv.scoring)
+        comparison = compare(out, expected, expected_same, ex.q.dtype, moved)
         # a head's output carries the rounding of the scores of the whole layer (the softmax
         # amplifies it with the magnitude of the scores): never allow less than the whole output's
         comparison = dataclasses.replace(comparison, allowed=max(comparison.allowed, whole))
