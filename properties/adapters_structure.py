@@ -38,8 +38,10 @@ A layer's ``mha_verify_conventions`` class attribute overrides any of these (che
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -136,12 +138,11 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         # from their models, through a position_bias argument: None here
         implementation += "+position_bias"
     library = library_of(module)
-    sources = " ".join(source for _, source in forward_sources(module))
+    read = _read_sources(forward_sources(module))
     if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is
-        implementation = "get_attention_scores" if "get_attention_scores" in sources \
-            else "prepare_attention_mask" if "prepare_attention_mask" in sources else "as_is"
+        implementation = read.processor_masks
     row = recognition.library_format(library, implementation)
-    exact = next((layout for pattern, layout in _EXACT_MASK if pattern.search(sources)), None)
+    exact = read.exact_mask
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
 
 
@@ -169,7 +170,7 @@ _POINT_BATCH = re.compile(r"point_batch_size\s*=\s*\w+\.shape\[:2\]")
 
 
 def _takes_points(module: nn.Module) -> bool:
-    return any(_POINT_BATCH.search(source) for _, source in forward_sources(module))
+    return _read_sources(forward_sources(module)).points
 
 
 #: a forward that compares its mask's size to one shape and raises on any other: that layout exactly
@@ -198,10 +199,25 @@ _OTHER_OPERATORS = (
 )
 
 
-def _another_operator(module: nn.Module) -> str:
-    """What of :data:`_OTHER_OPERATORS` the module's forward shows, or ""."""
-    sources = [source for _, source in forward_sources(module)]
-    return next((what for pattern, what in _OTHER_OPERATORS if any(pattern.search(s) for s in sources)), "")
+class _SourceFacts(NamedTuple):
+    """What a layer's forward (and processor) source shows, read once per source."""
+
+    other_operator: str  # of :data:`_OTHER_OPERATORS`, or ""
+    exact_mask: str | None  # a layout of :data:`_EXACT_MASK`, or None
+    points: bool  # a second batch axis (:data:`_POINT_BATCH`)
+    processor_masks: str  # diffusers: "get_attention_scores", "prepare_attention_mask" or "as_is"
+
+
+@functools.lru_cache(maxsize=256)
+def _read_sources(sources: tuple[tuple[str, str], ...]) -> _SourceFacts:
+    """The facts of :func:`forward_sources`' text: conventions and calls ask at every call of a layer."""
+    text = "\n".join(source for _, source in sources)
+    return _SourceFacts(
+        other_operator=next((what for pattern, what in _OTHER_OPERATORS if pattern.search(text)), ""),
+        exact_mask=next((layout for pattern, layout in _EXACT_MASK if pattern.search(text)), None),
+        points=bool(_POINT_BATCH.search(text)),
+        processor_masks="get_attention_scores" if "get_attention_scores" in text
+        else "prepare_attention_mask" if "prepare_attention_mask" in text else "as_is")
 
 
 class StructuralAdapter(Adapter):
@@ -211,7 +227,7 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
-        other = _another_operator(module)
+        other = _read_sources(forward_sources(module)).other_operator
         if other:  # judged against softmax attention over every key it would fail every property
             raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         q_norm, k_norm, v_norm = self._norms(module)
