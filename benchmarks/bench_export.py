@@ -18,7 +18,7 @@ import torch
 from hypothesis import settings
 
 from mha_verify.export.onnx_export import export_onnx
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
 SIZES = ((1, 16, 512, 8), (8, 128, 512, 8), (4, 512, 512, 8), (1, 2048, 512, 8))  # (B, L, D, H)

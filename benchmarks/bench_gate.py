@@ -27,7 +27,7 @@ import sys, tempfile, time, warnings
 warnings.filterwarnings("ignore")
 from pathlib import Path
 from mha_verify.export.onnx_export import export_onnx
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 bound = load_target().build(16, 4)
 start = time.perf_counter()
 export_onnx(bound, Path(tempfile.mkdtemp()) / "m.onnx", exporter=sys.argv[1])

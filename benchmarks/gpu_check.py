@@ -25,10 +25,10 @@ from mha_verify.export.onnx_export import export_onnx
 from mha_verify.export_cmds import format_results
 from mha_verify.mha.reference import multi_head
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties import profiles
-from mha_verify.properties.onnx_interface import read_interface
-from mha_verify.properties.ort_target import OrtInstance, available_providers, make_session
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.onnx.interface import read_interface
+from mha_verify.properties.onnx.ort_target import OrtInstance, available_providers, make_session
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
 

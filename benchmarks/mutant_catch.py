@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from mha_verify.properties import profiles
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import Target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import Target
 from tests.mutants import CATALOG, KERNEL_MUTANTS
 
 

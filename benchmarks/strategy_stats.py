@@ -19,11 +19,11 @@ from hypothesis import given
 from hypothesis import settings as Settings
 
 from mha_verify.mha.masks import full_keep
-from mha_verify.properties import profiles, runner
-from mha_verify.properties.registry import Property
+from mha_verify.properties.engine import profiles, runner
+from mha_verify.properties.engine.registry import Property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.strategies import AttnExample, attention_examples
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import Target, load_target
+from mha_verify.properties.targets.eager import Target, load_target
 
 FEATURES: dict[str, Callable[[AttnExample], bool]] = {
     "Lk = 1": lambda ex: ex.sizes.lk == 1,

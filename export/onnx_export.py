@@ -29,8 +29,8 @@ from mha_verify.export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
 from mha_verify.export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
 from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset
 from mha_verify.export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs, mask_heads
-from mha_verify.properties.adapter_registry import find_adapter
-from mha_verify.properties.targets import Bound
+from mha_verify.properties.adapters.registry import find_adapter
+from mha_verify.properties.targets.eager import Bound
 
 INPUT_NAMES = ("q", "k", "v", "mask")
 OUTPUT_NAME = "out"
@@ -82,7 +82,7 @@ def as_bound(obj: Bound | nn.Module, *, d_model: int | None = None, n_head: int 
     if isinstance(obj, Bound):
         return obj
     if not isinstance(obj, nn.Module):
-        raise TypeError(f"expected a mha_verify.properties.targets.Bound or a torch.nn.Module, "
+        raise TypeError(f"expected a mha_verify.properties.targets.eager.Bound or a torch.nn.Module, "
                         f"got {type(obj).__name__}")
     d = d_model if d_model is not None else getattr(obj, "d_model", getattr(obj, "embed_dim", None))
     h = n_head if n_head is not None else getattr(obj, "n_head", getattr(obj, "num_heads", None))

@@ -25,7 +25,7 @@ from torch import nn
 
 from mha_verify.mha import MultiHeadAttention
 from mha_verify.mha.masks import MaskForm
-from mha_verify.properties.targets import Bound
+from mha_verify.properties.targets.eager import Bound
 
 
 def mask_heads(bound: Bound) -> int:

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 FORMAT = "mha-verify-baseline/2"
 CONTEXT_KEYS = ("target", "dtype", "profile")

@@ -33,7 +33,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_check_parser(sub: argparse._SubParsersAction) -> None:
-    from mha_verify.properties.profiles import PROFILES
+    from mha_verify.properties.engine.profiles import PROFILES
 
     p = sub.add_parser("check", help="run every property (and the export stage) against a target",
                        description="Run the property suite, then the ONNX export stage, against a target.")
@@ -118,7 +118,7 @@ def _replay_command(args: argparse.Namespace, name: str) -> str:
     if args.dtype != "float32":
         parts += ["--dtype", args.dtype]
     if args.database:  # the stored counterexample replays first; a URL's password is not written into reports
-        from mha_verify.properties.databases import redact
+        from mha_verify.properties.engine.databases import redact
 
         parts += ["--database", redact(args.database)]
     return shlex.join(parts)
@@ -133,10 +133,10 @@ def run_check(args: argparse.Namespace) -> int:
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS
     from mha_verify.isolation import EXPORT_TIMEOUT_FACTOR, Limits, default_jobs, probe_target, run_task_groups
-    from mha_verify.properties import databases, profiles
+    from mha_verify.properties.engine import databases, profiles
+    from mha_verify.properties.invariants.suite import select
     from mha_verify.properties.protocol import TargetError
-    from mha_verify.properties.suite import select
-    from mha_verify.properties.targets import load_target
+    from mha_verify.properties.targets.eager import load_target
     from mha_verify.tasks import Task
 
     try:
@@ -229,8 +229,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from mha_verify.properties.adapter_registry import adapters
-    from mha_verify.properties.suite import all_properties, all_relations
+    from mha_verify.properties.adapters.registry import adapters
+    from mha_verify.properties.invariants.suite import all_properties, all_relations
 
     checks = [(p.name, p.doc) for p in all_properties().values()]
     checks += [(r.name, r.doc) for r in all_relations().values()]

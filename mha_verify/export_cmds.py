@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 from mha_verify.arg_types import finite_positive, positive_int, positive_seconds, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 if TYPE_CHECKING:
-    from mha_verify.properties.onnx_interface import Interface
-    from mha_verify.properties.onnx_probe import MaskProbe
+    from mha_verify.properties.onnx.interface import Interface
+    from mha_verify.properties.onnx.probe import MaskProbe
 
 
 class _Abort(Exception):  # noqa: N818 -- control flow, not an error
@@ -36,7 +36,7 @@ def format_results(results: Sequence[CheckResult]) -> str:
 
 
 def _providers(text: str) -> list[str]:
-    from mha_verify.properties.ort_target import PROVIDERS, available_providers
+    from mha_verify.properties.onnx.ort_target import PROVIDERS, available_providers
 
     wanted = [p.strip() for p in text.split(",") if p.strip()]
     have = available_providers()
@@ -55,10 +55,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mha_verify.export.atomic import AtomicWriter, atomic_path
     from mha_verify.export.onnx_export import DTYPES, ExportError, export_onnx
     from mha_verify.export.opsets import check_opset
-    from mha_verify.properties import profiles
-    from mha_verify.properties.onnx_interface import ModelError
+    from mha_verify.properties.engine import profiles
+    from mha_verify.properties.onnx.interface import ModelError
     from mha_verify.properties.protocol import TargetError
-    from mha_verify.properties.targets import load_target, load_weights
+    from mha_verify.properties.targets.eager import load_target, load_weights
     from mha_verify.validation import validate_model
 
     try:
@@ -104,17 +104,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     is given; each check a task of the gate's isolation path (a crash or hang is that check's failure).
     """
     from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
-    from mha_verify.properties import profiles
-    from mha_verify.properties.onnx_interface import (
+    from mha_verify.properties.engine import profiles
+    from mha_verify.properties.onnx.interface import (
         ModelError,
         adopt_conventions,
         load_model,
         parse_input_map,
         read_interface,
     )
-    from mha_verify.properties.onnx_probe import MaskProbe, describe_probe
-    from mha_verify.properties.onnx_reading import parse_conventions
-    from mha_verify.properties.ort_target import params_from_graph
+    from mha_verify.properties.onnx.ort_target import params_from_graph
+    from mha_verify.properties.onnx.probe import MaskProbe, describe_probe
+    from mha_verify.properties.onnx.reading import parse_conventions
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import interface_result, load_eager, validation_tasks
 
@@ -192,7 +192,7 @@ def _mask_probe(args: argparse.Namespace, mapping: dict[str, str],
 
     from mha_verify import gate
     from mha_verify.isolation import probe
-    from mha_verify.properties.onnx_probe import MaskProbe
+    from mha_verify.properties.onnx.probe import MaskProbe
     from mha_verify.properties.protocol import TargetError
 
     kwargs = dict(model=args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head, declared=declared,

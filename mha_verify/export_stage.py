@@ -32,9 +32,9 @@ from hypothesis import settings as Settings
 
 from mha_verify.export.onnx_export import ExportError, export_onnx, model_label
 from mha_verify.export.opsets import EXPORTERS, check_opset
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.protocol import TargetError
-from mha_verify.properties.results import CheckResult
-from mha_verify.properties.targets import Target
+from mha_verify.properties.targets.eager import Target
 from mha_verify.validation import STAGE, validate_model
 
 STAGE_D_MODEL, STAGE_N_HEAD = 16, 4

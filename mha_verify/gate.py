@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from hypothesis import settings as Settings
 
-from mha_verify.properties import profiles
-from mha_verify.properties.databases import open_database
-from mha_verify.properties.results import CheckResult
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.databases import open_database
+from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.targets.eager import load_target
 
 
 def make_settings(profile: str, *, max_examples: int | None = None, database: str | None = None) -> Settings:
     """The profile's settings, with an example count override and an example database (a
-    folder or a Redis URL, see :mod:`mha_verify.properties.databases`).
+    folder or a Redis URL, see :mod:`mha_verify.properties.engine.databases`).
 
     Hypothesis forbids a database with derandomize=True, so with ``database`` the ci profile
     becomes random generation from a fixed seed (see ``seed_for``): as deterministic, and
@@ -42,8 +42,8 @@ def property_check(*, target_spec: str | None, adapter: str | None, name: str, p
     """One property against the target, in ``dtype`` ("float32", "float16" or "bfloat16")."""
     import torch
 
-    from mha_verify.properties.runner import run_property
-    from mha_verify.properties.suite import all_properties
+    from mha_verify.properties.engine.runner import run_property
+    from mha_verify.properties.invariants.suite import all_properties
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     target = load_target(target_spec, adapter=adapter)
@@ -74,7 +74,7 @@ def search_round(*, target_spec: str | None, adapter: str | None, name: str, max
 def _search_replay(target_spec: str | None, adapter: str | None, name: str, database: str) -> str:
     import shlex
 
-    from mha_verify.properties.databases import redact
+    from mha_verify.properties.engine.databases import redact
 
     parts = ["mha-verify", "check", "--no-export", "--only", name, "--database", redact(database)]
     parts += ["--target", target_spec] if target_spec else []
@@ -115,7 +115,7 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
                 declared: dict[str, str] | None = None) -> list[CheckResult]:
     """Load the eager target at an ONNX model's sizes, with its weights file (``validate``'s check
     before it starts): pass, or fail with the usage error's message."""
-    from mha_verify.properties.onnx_interface import ModelError, read_interface
+    from mha_verify.properties.onnx.interface import ModelError, read_interface
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import load_eager
 
@@ -136,9 +136,9 @@ def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None,
     import dataclasses
     import json
 
-    from mha_verify.properties.onnx_interface import ModelError, eager_conventions, read_interface
-    from mha_verify.properties.onnx_probe import probe_mask
-    from mha_verify.properties.ort_target import OrtInstance, make_session, params_from_graph
+    from mha_verify.properties.onnx.interface import ModelError, eager_conventions, read_interface
+    from mha_verify.properties.onnx.ort_target import OrtInstance, make_session, params_from_graph
+    from mha_verify.properties.onnx.probe import probe_mask
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import load_eager, with_eager
 

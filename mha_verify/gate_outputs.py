@@ -10,7 +10,7 @@ from typing import Any
 
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 
 def print_results(results: Sequence[CheckResult]) -> None:

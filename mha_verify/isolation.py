@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.tasks import Task
 
 PRELOAD = ["torch", "mha_verify.gate"]  # imported once by the fork server, inherited by each worker

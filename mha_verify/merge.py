@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 #: a part larger than this is refused before it is parsed (a report of the whole suite is ~1 MB)
 MAX_PART_BYTES = 256 * 1024 * 1024

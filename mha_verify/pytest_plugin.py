@@ -34,7 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("--mha-target")
     if explicit is None and not spec:
         return  # not asked for: import nothing, change nothing
-    from mha_verify.properties import profiles
+    from mha_verify.properties.engine import profiles
 
     try:
         if explicit is not None:
@@ -44,7 +44,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"{'--mha-profile' if explicit else '$MHA_VERIFY_PROFILE'}: {exc}") from None
     if spec:
-        from mha_verify.properties.targets import TargetError, load_target
+        from mha_verify.properties.targets.eager import TargetError, load_target
 
         try:
             load_target(spec, adapter=config.getoption("--mha-adapter"))

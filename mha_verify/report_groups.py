@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Iterable
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 ROOT = "fully_masked_rows"
 # NaN or inf as a value, never the "-inf" or "0/-inf" of a mask's wording

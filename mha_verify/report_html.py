@@ -9,7 +9,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.report_groups import as_float, group_failures, not_finite
 
 _COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "n/a": "#757575"}

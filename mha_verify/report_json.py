@@ -9,7 +9,7 @@ from importlib import metadata
 from typing import Any
 
 from mha_verify import __version__
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 
 def versions() -> dict[str, str]:

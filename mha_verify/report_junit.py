@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from mha_verify.escape import printable
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 
 def document(results: Sequence[CheckResult], *, target: str) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.report_groups import group_failures
 
 _MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "n/a": "n/a"}

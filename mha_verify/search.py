@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 #: seconds a round still running at the deadline may take to finish
 GRACE = 60.0

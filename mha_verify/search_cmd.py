@@ -42,9 +42,9 @@ def run_search(args: argparse.Namespace) -> int:
     from mha_verify import gate_outputs
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.isolation import default_jobs, probe_target
-    from mha_verify.properties import databases
+    from mha_verify.properties.engine import databases
+    from mha_verify.properties.invariants.suite import select
     from mha_verify.properties.protocol import TargetError
-    from mha_verify.properties.suite import select
     from mha_verify.search import SearchOptions, search
 
     if args.workers is not None and args.scheduler is not None:

@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a layer built from its config ne
 
 def build_one(spec: str) -> dict[str, object]:
     from mha_verify.properties.protocol import TargetError
-    from mha_verify.properties.targets import PROBE_SIZES, load_target
+    from mha_verify.properties.targets.eager import PROBE_SIZES, load_target
 
     start = time.perf_counter()
     row: dict[str, object] = {"spec": spec, "built": False, "built_as": "", "conventions": "", "reason": ""}
@@ -43,9 +43,9 @@ def build_one(spec: str) -> dict[str, object]:
 def _wrapped(spec: str) -> list[str]:
     """The attention layers a class holds as direct children (``BertAttention`` holds
     ``BertSelfAttention`` and ``BertSelfOutput``: a residual and a LayerNorm around it)."""
-    from mha_verify.properties import construction
+    from mha_verify.properties.adapters import construction
     from mha_verify.properties.loading import load_attr
-    from mha_verify.properties.targets import PROBE_SIZES
+    from mha_verify.properties.targets.eager import PROBE_SIZES
 
     try:
         cls = load_attr(spec)

@@ -14,7 +14,7 @@ from mha_verify.sweep_rows import Row
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from mha_verify.properties.profiles import PROFILES
+    from mha_verify.properties.engine.profiles import PROFILES
 
     sp = subparsers.add_parser(
         "sweep", help="build every attention class of a library with no user code and run the gate on each",

@@ -3,8 +3,8 @@ target variant, the ``ort_vs_eager`` relation against the eager module, and the 
 
 Result names are ``<label>/interface``, ``<label>/<provider>/<opt>/<property>`` and
 ``<label>/<provider>/<opt>/ort_vs_eager``, stage ``export``. Every property runs through
-:mod:`mha_verify.properties.runner`, the runner of eager targets; what a session cannot do is
-n/a by its conventions (:class:`mha_verify.properties.ort_target.OrtInstance`).
+:mod:`mha_verify.properties.engine.runner`, the runner of eager targets; what a session cannot do is
+n/a by its conventions (:class:`mha_verify.properties.onnx.ort_target.OrtInstance`).
 
 Two ways to run: :func:`validate_model` in this process (the export stage and ``mha-verify
 export`` run inside the gate's worker or validate a file they just wrote), and
@@ -24,14 +24,14 @@ import torch
 from hypothesis import settings as Settings
 
 from mha_verify.mha.reference import multi_head
-from mha_verify.properties import profiles
-from mha_verify.properties.onnx_checks import frozen_axes, interface_problems
-from mha_verify.properties.onnx_interface import Interface, adopt_conventions, eager_conventions, read_interface
-from mha_verify.properties.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
-from mha_verify.properties.results import CheckResult
-from mha_verify.properties.runner import run_property, run_relation
-from mha_verify.properties.suite import all_properties, all_relations
-from mha_verify.properties.targets import Bound, Fixed, load_target, load_weights
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.engine.runner import run_property, run_relation
+from mha_verify.properties.invariants.suite import all_properties, all_relations
+from mha_verify.properties.onnx.checks import frozen_axes, interface_problems
+from mha_verify.properties.onnx.interface import Interface, adopt_conventions, eager_conventions, read_interface
+from mha_verify.properties.onnx.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
+from mha_verify.properties.targets.eager import Bound, Fixed, load_target, load_weights
 from mha_verify.repro_bundle import write_bundle
 from mha_verify.tasks import Task
 

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from mha_verify.properties import profiles
+from mha_verify.properties.engine import profiles
 
 profiles.load()
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from mha_verify.properties import profiles
-from mha_verify.properties.adapter_registry import find_adapter
+from mha_verify.properties.adapters.registry import find_adapter
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import TargetError
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import Target, load_target
+from mha_verify.properties.targets.eager import Target, load_target
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = "tests/fixtures/"

@@ -10,7 +10,7 @@ import pytest
 
 from mha_verify import baseline
 from mha_verify.cli import main
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 
 CONTEXT = {"target": "mha_verify.mha:MultiHeadAttention", "dtype": "float32", "profile": "ci"}
 FAST = ["--no-export", "--no-isolation", "--max-examples", "3", "--only", "lk_equals_lv"]

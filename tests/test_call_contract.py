@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from mha_verify.mha.masks import causal_keep
-from mha_verify.properties import profiles
-from mha_verify.properties.call_path import Checked
-from mha_verify.properties.measure import Violation
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.call_path import Checked
+from mha_verify.properties.engine.measure import Violation
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import NotApplicable
-from mha_verify.properties.runner import run_property
 from mha_verify.properties.strategies import AttnExample, MaskSpec, Sizes, make_example
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/contract_breakers.py:"
 

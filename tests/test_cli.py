@@ -130,8 +130,8 @@ def test_crash_or_hang_in_the_target_fails_that_check_only(target: str, timeout:
 
 def test_list_names_every_property_relation_and_adapter(capsys: pytest.CaptureFixture[str]) -> None:
     from mha_verify.cli import main
-    from mha_verify.properties.adapter_registry import adapters
-    from mha_verify.properties.suite import all_properties, all_relations
+    from mha_verify.properties.adapters.registry import adapters
+    from mha_verify.properties.invariants.suite import all_properties, all_relations
 
     assert main(["list"]) == 0
     out = capsys.readouterr().out

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mha_verify.properties import construction
-from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.adapters import construction
+from mha_verify.properties.engine.profiles import PROFILES
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import TargetError
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 from tests.fixtures import constructors
 
 FIXTURE = "tests/fixtures/constructors.py:"
@@ -89,7 +89,7 @@ def test_joint_attention_is_verified_as_self_attention_not_as_keys_and_values() 
 
 
 def test_a_rank_4_mask_layout_draws_no_2d_mask_and_lifts_the_causal_one() -> None:
-    from mha_verify.properties.adapters_call import MaskFormat
+    from mha_verify.properties.adapters.calling import MaskFormat
 
     fmt = MaskFormat("keep", layout="BHLL4")
     assert "LL" not in fmt.forms and {"B1LL", "11LL", "B11L", "BHLL"} <= fmt.forms

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from mha_verify.properties import profiles
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/exact_masks.py:"
 

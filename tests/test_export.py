@@ -23,11 +23,11 @@ from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset, newest_ops
 from mha_verify.export_stage import export_stage
 from mha_verify.mha.reference import multi_head
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.onnx_checks import interface_problems
-from mha_verify.properties.onnx_interface import read_interface
-from mha_verify.properties.ort_target import available_providers
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import Target, load_target
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.onnx.checks import interface_problems
+from mha_verify.properties.onnx.interface import read_interface
+from mha_verify.properties.onnx.ort_target import available_providers
+from mha_verify.properties.targets.eager import Target, load_target
 from mha_verify.validation import validate_model
 
 FAST = settings(max_examples=30, derandomize=True, deadline=None, database=None)
@@ -281,7 +281,7 @@ def test_contrib_graph_is_labelled_and_validated_like_any_other(tmp_path: Path,
 
 
 def test_an_ort_session_is_a_target_with_declared_conventions(ts_model: Path) -> None:
-    from mha_verify.properties.ort_target import ort_targets
+    from mha_verify.properties.onnx.ort_target import ort_targets
     from mha_verify.properties.protocol import TargetError
 
     targets = ort_targets(ts_model, opt_levels=("opt-none", "opt-all"))

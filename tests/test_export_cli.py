@@ -42,7 +42,7 @@ def test_export_writes_a_validated_model(model: Path) -> None:
 
     from mha_verify.mha.reference import multi_head
     from mha_verify.mha.tolerance import compare
-    from mha_verify.properties.targets import load_target
+    from mha_verify.properties.targets.eager import load_target
 
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["q", "k", "v", "mask"]

@@ -15,9 +15,9 @@ from torch import nn
 from mha_verify.export.onnx_export import export_onnx
 from mha_verify.export.opsets import newest_opset
 from mha_verify.export.wrapper import ExportWrapper
-from mha_verify.properties.onnx_checks import interface_problems
-from mha_verify.properties.onnx_interface import read_interface
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.onnx.checks import interface_problems
+from mha_verify.properties.onnx.interface import read_interface
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.deep]  # dynamo exports (tox -e deep)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import torch
 
 from mha_verify.mha.reference import MHAParams, multi_head, rounding_bound, same_precision
-from mha_verify.properties import profiles
-from mha_verify.properties.call_path import Checked
-from mha_verify.properties.runner import run_property
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.call_path import Checked
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.strategies import MaskSpec, Sizes, make_example
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 
 
 def _params(d: int, seed: int = 0) -> MHAParams:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from mha_verify.export.onnx_export import export_onnx
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.repro_bundle import REPLAY, write_bundle
 
 HOSTILE = [
@@ -76,7 +76,7 @@ def test_control_characters_never_reach_xml_or_a_terminal() -> None:
 
     from mha_verify import report_junit, report_text
     from mha_verify.escape import printable
-    from mha_verify.properties.results import CheckResult
+    from mha_verify.properties.engine.results import CheckResult
 
     ansi = "the target raised RuntimeError: \x1b[31mboom\x1b[0m\x00\x07"
     results = [CheckResult("oracle_agreement\x1b[2J", "properties", "fail", reason=ansi, counterexample="B=1\x1b"),
@@ -116,7 +116,7 @@ def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_p
 
 
 def test_external_data_past_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    from mha_verify.properties.onnx_interface import ModelError, load_model
+    from mha_verify.properties.onnx.interface import ModelError, load_model
 
     (tmp_path / "weights.bin").write_bytes(b"\0" * 4096)  # stands in for a file of gigabytes
     _external_model(tmp_path / "model.onnx", "weights.bin")
@@ -129,7 +129,7 @@ def test_small_input_mistakes_are_named() -> None:
     import argparse
 
     from mha_verify.cli import _replay_command
-    from mha_verify.properties.onnx_interface import ModelError, load_model, parse_input_map
+    from mha_verify.properties.onnx.interface import ModelError, load_model, parse_input_map
 
     with pytest.raises(ValueError, match="names role q twice"):
         parse_input_map("q=a,k=b,q=c")

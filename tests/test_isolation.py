@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mha_verify.isolation import MIN_TIMEOUT, Limits
-from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.tasks import Task
 
 ROOT = Path(__file__).resolve().parent.parent

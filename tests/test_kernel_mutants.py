@@ -11,12 +11,12 @@ import torch
 
 from mha_verify.mha import MultiHeadAttention
 from mha_verify.mha.reference import multi_head, multi_head_graph
-from mha_verify.properties import profiles
-from mha_verify.properties.adapter_registry import find_adapter
-from mha_verify.properties.runner import run_property
+from mha_verify.properties.adapters.registry import find_adapter
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.strategies import MaskSpec, Sizes, make_example
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import Target
+from mha_verify.properties.targets.eager import Target
 from tests.mutants import (
     KERNEL_MUTANTS,
     AssumesRightPadding,

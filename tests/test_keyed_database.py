@@ -13,11 +13,11 @@ from hypothesis import settings as Settings
 from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
 from mha_verify.gate import make_settings, seed_for
-from mha_verify.properties import profiles
-from mha_verify.properties.keyed_database import PrefixedDatabase, keyed
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.keyed_database import PrefixedDatabase, keyed
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import load_target
 
 SEED_000 = f"{Path(__file__).resolve().parent / 'fixtures' / 'seed_000.py'}:MultiHeadAttention"
 
@@ -51,7 +51,7 @@ def test_profiles_do_not_take_hypothesis_own_ci_profile() -> None:
     Each subprocess loads one of Hypothesis's profiles before ours are built (CI or not alike:
     Hypothesis counts $CI as set even when it is empty)."""
     code = ("import sys; from hypothesis import settings; settings.load_profile(sys.argv[1]); "
-            "from properties import profiles as p; "
+            "from properties.engine import profiles as p; "
             "print([(n, s.derandomize, s.database, s.print_blob) for n, s in p.PROFILES.items()])")
     seen = {name: subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True,
                                  check=True).stdout for name in ("ci", "default")}

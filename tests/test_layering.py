@@ -22,8 +22,8 @@ CLI = 3
 def _module_files() -> dict[str, Path]:
     files = {f"mha_verify.{p.stem}": p for p in PACKAGE.glob("*.py")}
     for sub in LAYERS:
-        for p in (PACKAGE / sub).glob("*.py"):
-            files[f"mha_verify.{sub}.{p.stem}"] = p
+        for p in (PACKAGE / sub).rglob("*.py"):
+            files["mha_verify." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)] = p
     return {name.removesuffix(".__init__"): path for name, path in files.items()}
 
 
@@ -57,7 +57,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_package_has_the_modules_we_expect() -> None:
     graph = _graph()
-    assert {"mha_verify.properties.protocol", "mha_verify.properties.runner", "mha_verify.export.onnx_export",
+    assert {"mha_verify.properties.protocol", "mha_verify.properties.engine.runner", "mha_verify.export.onnx_export",
             "mha_verify.cli", "mha_verify.mha.reference"} <= set(graph)
     assert any(graph.values()), "no import found: the scan itself is broken"
 

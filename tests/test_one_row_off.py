@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from mha_verify.properties import profiles
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import load_target
 
 pytestmark = pytest.mark.deep  # one property run per property (tox -e deep)
 

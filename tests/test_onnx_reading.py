@@ -1,4 +1,4 @@
-"""What ``validate`` reads from a model file before any guess (properties/onnx_reading.py): the
+"""What ``validate`` reads from a model file before any guess (properties/onnx/reading.py): the
 layout of q/k/v, the axes and kind of the mask input, and a usage error naming the flag where
 the file does not say or contradicts itself."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mha_verify.properties.onnx_reading import (
+from mha_verify.properties.onnx.reading import (
     Ambiguous,
     parse_conventions,
     read_layout,

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from mha_verify import report_html, report_text
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.report_groups import group_failures, not_finite
 
 

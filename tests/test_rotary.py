@@ -10,13 +10,13 @@ import torch
 from hypothesis import given, settings
 
 from mha_verify.mha.rotary import Rotary
-from mha_verify.properties.applicable import examples_for
-from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.engine.applicable import examples_for
+from mha_verify.properties.engine.profiles import PROFILES
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import Conventions
-from mha_verify.properties.runner import run_property
 from mha_verify.properties.strategies import AttnExample
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/rotary_layers.py:"
 QUICK = PROFILES["quick"]

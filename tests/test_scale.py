@@ -11,12 +11,12 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as oh
 
-from mha_verify.properties import profiles
-from mha_verify.properties.onnx_interface import read_interface
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.onnx.interface import read_interface
 from mha_verify.properties.protocol import Conventions
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
 FIXTURE = "tests/fixtures/sdpa_layers.py:"

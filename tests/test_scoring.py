@@ -13,12 +13,12 @@ from torch import nn
 
 from mha_verify.mha.reference import MHAParams, multi_head, per_head
 from mha_verify.mha.scoring import Norm, PositionBias, Scoring, alibi_slopes
-from mha_verify.properties.profiles import PROFILES
+from mha_verify.properties.adapters.qk_norm import read_norm
+from mha_verify.properties.engine.profiles import PROFILES
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import Conventions, TargetError
-from mha_verify.properties.qk_norm import read_norm
-from mha_verify.properties.runner import run_property
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.targets.eager import load_target
 from tests.fixtures import scored_layers
 
 FIXTURE = "tests/fixtures/scored_layers.py:"

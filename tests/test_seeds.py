@@ -3,9 +3,9 @@ user's --seed, and a seeded run draws the same examples again."""
 
 from __future__ import annotations
 
-from mha_verify.properties import profiles, runner
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles, runner
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import load_target
 
 
 def test_each_property_and_phase_has_its_own_seed() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mha_verify import report_json
-from mha_verify.properties.results import CheckResult
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.shards import EXPECTED_SECONDS, Shard, assign, parse_shard, select
 from mha_verify.sweep import shard_of
 from mha_verify.sweep_classes import Found

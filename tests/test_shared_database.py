@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mha_verify.properties.databases import open_database, redact
+from mha_verify.properties.engine.databases import open_database, redact
 
 ROOT = Path(__file__).resolve().parent.parent
 #: fails oracle_agreement on a batch of 2 or more with 3 keys or more: a search of 30 examples

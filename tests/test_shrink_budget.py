@@ -13,10 +13,10 @@ from hypothesis import Phase
 from hypothesis import settings as Settings
 from hypothesis.database import InMemoryExampleDatabase
 
-from mha_verify.properties import profiles, runner
-from mha_verify.properties.results import CheckResult
-from mha_verify.properties.suite import all_properties
-from mha_verify.properties.targets import Target
+from mha_verify.properties.engine import profiles, runner
+from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import Target
 from tests.mutants import ScaleBySqrtDModel
 
 
@@ -81,7 +81,7 @@ def test_the_safety_net_says_when_it_fired(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_slowed_forward_prints_the_same_ci_counterexample(monkeypatch: pytest.MonkeyPatch) -> None:
     """Real time, no mocked clock: the ci counterexample of a layer is the same when each of its
     forward calls sleeps 20 ms (shrinking is counted in steps; the 45 s safety net does not fire)."""
-    from mha_verify.properties.targets import load_target
+    from mha_verify.properties.targets.eager import load_target
 
     results = []
     for sleep in ("0", "0.02"):

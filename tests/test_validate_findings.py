@@ -27,8 +27,8 @@ from onnx import TensorProto, numpy_helper
 from onnx import helper as oh
 from torch import nn
 
-from mha_verify.properties import profiles
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
 D, H, B = 16, 4, 2

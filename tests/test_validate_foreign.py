@@ -34,7 +34,7 @@ from hypothesis import settings
 from torch import nn
 
 from mha_verify.cli import main
-from mha_verify.properties.onnx_interface import read_interface
+from mha_verify.properties.onnx.interface import read_interface
 from mha_verify.validation import validate_model
 from tests.fixtures.sdpa_layers import SdpaAttention
 

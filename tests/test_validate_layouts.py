@@ -16,11 +16,11 @@ from onnx import TensorProto
 from onnx import helper as oh
 from torch import nn
 
-from mha_verify.properties import profiles
-from mha_verify.properties.onnx_interface import read_interface
-from mha_verify.properties.onnx_probe import probe_mask
-from mha_verify.properties.ort_target import OrtInstance, make_session, params_from_graph
-from mha_verify.properties.targets import load_target
+from mha_verify.properties.engine import profiles
+from mha_verify.properties.onnx.interface import read_interface
+from mha_verify.properties.onnx.ort_target import OrtInstance, make_session, params_from_graph
+from mha_verify.properties.onnx.probe import probe_mask
+from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
 D, H, B, LQ, LK = 16, 4, 2, 3, 5

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mha_verify.properties.onnx_interface import Interface
+from mha_verify.properties.onnx.interface import Interface
 
 
 def frozen_axes(info: Interface) -> list[str]:

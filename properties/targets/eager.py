@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties import construction
-from mha_verify.properties.adapter_registry import find_adapter
-from mha_verify.properties.adapters import Adapter
+from mha_verify.properties.adapters import construction
+from mha_verify.properties.adapters.base import Adapter
+from mha_verify.properties.adapters.registry import find_adapter
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 

@@ -2,7 +2,7 @@
 
 A layer that normalizes q and k before the scores (Qwen3, Gemma 3, OLMo 2, Chameleon, Cohere,
 diffusers' ``qk_norm``) holds them as children named in
-:data:`mha_verify.properties.recognition.QK_NORM_PAIRS`. What each computes is decided by its shape and
+:data:`mha_verify.properties.adapters.recognition.QK_NORM_PAIRS`. What each computes is decided by its shape and
 a probe against the closed set of formulas the oracle knows (RMSNorm, LayerNorm or an L2 norm, weight w or
 1 + w), not by its class name: a norm of any other form is refused with its reason, never guessed.
 The probe runs the norm alone on a random input; the attention around it is what the properties
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.scoring import NORM_KINDS, Norm
-from mha_verify.properties import recognition
+from mha_verify.properties.adapters import recognition
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 

@@ -22,8 +22,8 @@ import torch
 
 from mha_verify.mha.masks import FULLY_MASKED
 from mha_verify.mha.reference import multi_head
-from mha_verify.properties.onnx_reading import BOOL_KINDS, FLOAT_KINDS
-from mha_verify.properties.ort_target import OrtInstance
+from mha_verify.properties.onnx.ort_target import OrtInstance
+from mha_verify.properties.onnx.reading import BOOL_KINDS, FLOAT_KINDS
 
 RTOL = 0.05
 PROBES = 4

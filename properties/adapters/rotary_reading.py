@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.rotary import Rotary
-from mha_verify.properties.adapters_call import forward_sources, library_rotary, rotary_cos_sin
+from mha_verify.properties.adapters.calling import forward_sources, library_rotary, rotary_cos_sin
 
 #: (interleaved, reverse) of the four pairings and directions, in the order they are tried
 LAYOUTS = ((False, False), (True, False), (False, True), (True, True))

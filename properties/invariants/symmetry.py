@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.applicable import examples_for
-from mha_verify.properties.measure import Measure, close, relation_allowed, worst
+from mha_verify.properties.engine.applicable import examples_for
+from mha_verify.properties.engine.measure import Measure, close, relation_allowed, worst
+from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample
 
 

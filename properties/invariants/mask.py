@@ -9,11 +9,20 @@ from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.applicable import examples_for, fully_masked, keep_of
-from mha_verify.properties.call_path import weights_if_any
-from mha_verify.properties.measure import UNCHECKED, Measure, Violation, close, ensure, oracle, relation_allowed, worst
+from mha_verify.properties.engine.applicable import examples_for, fully_masked, keep_of
+from mha_verify.properties.engine.call_path import weights_if_any
+from mha_verify.properties.engine.measure import (
+    UNCHECKED,
+    Measure,
+    Violation,
+    close,
+    ensure,
+    oracle,
+    relation_allowed,
+    worst,
+)
+from mha_verify.properties.engine.registry import StrategyFn, invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.registry import StrategyFn, invariant
 from mha_verify.properties.strategies import AttnExample, build_keep
 
 _MASKED_KINDS = ("random", "padding", "causal", "fully_masked_rows", "fully_masked_item")

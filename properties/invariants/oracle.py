@@ -17,11 +17,11 @@ from mha_verify.mha.reference import (
     same_precision,
 )
 from mha_verify.mha.tolerance import compare, tolerance_for
-from mha_verify.properties.applicable import comparable_rows, examples_for
-from mha_verify.properties.call_path import weights_if_any
-from mha_verify.properties.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
+from mha_verify.properties.engine.applicable import comparable_rows, examples_for
+from mha_verify.properties.engine.call_path import weights_if_any
+from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
+from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
-from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample, sizes
 
 

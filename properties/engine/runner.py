@@ -4,7 +4,7 @@ target (:func:`run_property`), or a relation between two targets on the same exa
 boundary sweep, shrink budget and verdict rules.
 
 Every target is a :class:`~mha_verify.properties.protocol.Subject`; the instance a check calls
-is wrapped in :class:`~mha_verify.properties.call_path.Checked`, the one call path.
+is wrapped in :class:`~mha_verify.properties.engine.call_path.Checked`, the one call path.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from mha_verify.mha.reference import multi_head
-from mha_verify.properties.call_path import Checked, weights_if_any
-from mha_verify.properties.keyed_database import keyed
-from mha_verify.properties.measure import Measure, Violation
+from mha_verify.properties.engine.call_path import Checked, weights_if_any
+from mha_verify.properties.engine.keyed_database import keyed
+from mha_verify.properties.engine.measure import Measure, Violation
+from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
+from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.protocol import Conventions, NotApplicable, Subject, TargetError
-from mha_verify.properties.registry import Property, Relation, StrategyFn
-from mha_verify.properties.results import CheckResult
 from mha_verify.properties.strategies import AttnExample, boundary_cases, forced_size_case, modest_size_cases
 
 #: called after every example a check ran: the example, and what it measured or the exception it

@@ -48,9 +48,9 @@ from torch import nn
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import Norm, PositionBias
-from mha_verify.properties import recognition
-from mha_verify.properties.adapters import Adapter, declared_conventions
-from mha_verify.properties.adapters_call import (
+from mha_verify.properties.adapters import recognition
+from mha_verify.properties.adapters.base import Adapter, declared_conventions
+from mha_verify.properties.adapters.calling import (
     SCALE_ATTRS,
     MaskFormat,
     detect_causal,
@@ -69,9 +69,9 @@ from mha_verify.properties.adapters_call import (
     rotary_of,
     set_all_dropout,
 )
+from mha_verify.properties.adapters.qk_norm import qk_norms
+from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, rotary_layout
 from mha_verify.properties.protocol import Conventions, NotApplicable
-from mha_verify.properties.qk_norm import qk_norms
-from mha_verify.properties.rotary_reading import cos_sin_batched, rotary_layout
 
 
 def _linear_like(layer: object) -> bool:
@@ -126,7 +126,7 @@ def library_of(module: nn.Module) -> str:
 
 def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     """(mask format, fully masked convention, a note) for the library ``module`` comes from
-    (:data:`mha_verify.properties.recognition.LIBRARY_FORMATS`).
+    (:data:`mha_verify.properties.adapters.recognition.LIBRARY_FORMATS`).
 
     The implementation is the layer's config's ``_attn_implementation``; a layer built
     standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.

@@ -12,10 +12,10 @@ import dataclasses
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.applicable import examples_for
-from mha_verify.properties.measure import UNCHECKED, Measure, close, relation_allowed
+from mha_verify.properties.engine.applicable import examples_for
+from mha_verify.properties.engine.measure import UNCHECKED, Measure, close, relation_allowed
+from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
-from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import LAYOUTS, AttnExample, with_layout
 
 

@@ -14,10 +14,10 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask, causal_keep
-from mha_verify.properties.applicable import comparable_rows, examples_for
-from mha_verify.properties.measure import Measure, close, relation_allowed
+from mha_verify.properties.engine.applicable import comparable_rows, examples_for
+from mha_verify.properties.engine.measure import Measure, close, relation_allowed
+from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample
 
 

@@ -1,26 +1,26 @@
 """Every registered check: the invariants of one target and the relations between two.
 
 Importing this module imports each invariant module, which registers its checks in
-:mod:`mha_verify.properties.registry`; the registry itself imports none of them.
+:mod:`mha_verify.properties.engine.registry`; the registry itself imports none of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mha_verify.properties import (  # noqa: F401 -- imported for their registrations
-    invariants_behaviour,
-    invariants_causal,
-    invariants_grad,
-    invariants_layout,
-    invariants_mask,
-    invariants_modes,
-    invariants_oracle,
-    invariants_symmetry,
-    invariants_window,
+from mha_verify.properties.engine.registry import PROPERTIES, RELATIONS, Property, Relation
+from mha_verify.properties.invariants import (  # noqa: F401 -- imported for their registrations
+    behaviour,
+    causal,
+    grad,
+    layout,
+    mask,
+    modes,
+    oracle,
     relations,
+    symmetry,
+    window,
 )
-from mha_verify.properties.registry import PROPERTIES, RELATIONS, Property, Relation
 
 
 def all_properties() -> dict[str, Property]:

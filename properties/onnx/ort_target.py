@@ -27,9 +27,9 @@ import torch
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import PositionBias
-from mha_verify.properties.mask_convert import to_kind, to_shape
-from mha_verify.properties.onnx_interface import Interface, ModelError, read_interface, rotary_from
-from mha_verify.properties.onnx_weights import projection_weights
+from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
+from mha_verify.properties.onnx.interface import Interface, ModelError, read_interface, rotary_from
+from mha_verify.properties.onnx.weights import projection_weights
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
 PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}

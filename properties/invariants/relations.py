@@ -23,10 +23,10 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.tolerance import Tolerance, tolerance_for
-from mha_verify.properties.applicable import comparable_rows, examples_for
-from mha_verify.properties.measure import UNCHECKED, Measure, Violation, oracle
+from mha_verify.properties.engine.applicable import comparable_rows, examples_for
+from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, oracle
+from mha_verify.properties.engine.registry import relation
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.registry import relation
 from mha_verify.properties.strategies import AttnExample
 
 

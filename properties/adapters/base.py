@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.adapters_call import has_dropout, is_same_input, read_signature, set_all_dropout
-from mha_verify.properties.mask_convert import to_kind, to_shape
+from mha_verify.properties.adapters.calling import has_dropout, is_same_input, read_signature, set_all_dropout
+from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
+from mha_verify.properties.adapters.recognition import names_of
 from mha_verify.properties.protocol import Conventions, NotApplicable
-from mha_verify.properties.recognition import names_of
 
 
 def declared_conventions(module: nn.Module, found: Conventions) -> Conventions:

@@ -40,8 +40,8 @@ from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from mha_verify.mha.masks import forms_within
 from mha_verify.mha.rotary import Rotary
 from mha_verify.mha.scoring import Scoring
-from mha_verify.properties.onnx_heads import n_head_from_graph, op_conventions
-from mha_verify.properties.onnx_reading import (
+from mha_verify.properties.onnx.heads import n_head_from_graph, op_conventions
+from mha_verify.properties.onnx.reading import (
     Reading,
     read_conventions,
     read_layout,

@@ -10,7 +10,7 @@ OpInfo harness checks every operator's outputs in one place rather than per test
 * q, k, v and the mask are bitwise unchanged by the call (a layer that writes into its inputs
   was caught only by luck, when a later call reused the changed tensor).
 
-A breach is a :class:`~mha_verify.properties.measure.Violation` named "output contract", its
+A breach is a :class:`~mha_verify.properties.engine.measure.Violation` named "output contract", its
 own failure, never mistaken for a numeric one.
 
 A target that raises on non-contiguous inputs (a ``.view()`` of its input, as HF's Conv1D
@@ -27,7 +27,7 @@ from typing import TypeVar
 import torch
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.measure import Violation
+from mha_verify.properties.engine.measure import Violation
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 
 

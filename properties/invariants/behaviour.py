@@ -7,10 +7,10 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.applicable import examples_for, fully_masked
-from mha_verify.properties.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
+from mha_verify.properties.engine.applicable import examples_for, fully_masked
+from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
+from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
-from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample, make_example
 
 

@@ -35,7 +35,7 @@ from torch import nn
 from mha_verify.mha.masks import additive_mask, causal_keep, forms_within
 from mha_verify.mha.rotary import Rotary
 from mha_verify.mha.scoring import PositionBias
-from mha_verify.properties.mask_convert import to_kind, to_shape
+from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))

@@ -1,6 +1,6 @@
 """The registry of named checks: invariants of one target (:class:`Property`) and relations
 between two targets on the same example (:class:`Relation`). Each invariant module registers
-its checks here; :mod:`mha_verify.properties.suite` imports them all."""
+its checks here; :mod:`mha_verify.properties.invariants.suite` imports them all."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.applicable import examples_for
-from mha_verify.properties.measure import CheckFn, RelationFn
+from mha_verify.properties.engine.applicable import examples_for
+from mha_verify.properties.engine.measure import CheckFn, RelationFn
 from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.strategies import AttnExample
 

@@ -18,14 +18,14 @@ from importlib.metadata import entry_points
 
 from torch import nn
 
-from mha_verify.properties.adapters import (
+from mha_verify.properties.adapters.base import (
     Adapter,
     LinearQKVAdapter,
     QKVAdapter,
     QueryKeyValueAdapter,
     TorchMHAAdapter,
 )
-from mha_verify.properties.adapters_structure import STRUCTURAL
+from mha_verify.properties.adapters.structural import STRUCTURAL
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, TargetError
 

@@ -11,9 +11,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mha_verify.properties.onnx_heads import ATTENTION_OPS
-from mha_verify.properties.onnx_interface import Interface, load_model
-from mha_verify.properties.recognition import initializer_tokens
+from mha_verify.properties.adapters.recognition import initializer_tokens
+from mha_verify.properties.onnx.heads import ATTENTION_OPS
+from mha_verify.properties.onnx.interface import Interface, load_model
 
 _TOKENS = {role: "|".join(map(re.escape, names)) for role, names in initializer_tokens().items()}
 

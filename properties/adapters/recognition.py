@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mha_verify.properties.adapters_call import MaskFormat
+from mha_verify.properties.adapters.calling import MaskFormat
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ PROJECTIONS: tuple[Projections, ...] = (
 
 #: children that normalize q and k before the scores (QK-norm: Qwen3, Gemma 3, OLMo 2, Chameleon,
 #: Cohere, diffusers' ``qk_norm``), as (q, k) pairs of names; what they compute is probed
-#: (:mod:`mha_verify.properties.qk_norm`) and the oracle applies it
+#: (:mod:`mha_verify.properties.adapters.qk_norm`) and the oracle applies it
 QK_NORM_PAIRS = (("q_norm", "k_norm"), ("query_norm", "key_norm"), ("q_layernorm", "k_layernorm"),
                  ("norm_q", "norm_k"), ("q_ln", "k_ln"))
 #: children that normalize the values the same way (Gemma 4's weightless ``v_norm``)

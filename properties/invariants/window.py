@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.properties.applicable import comparable_rows, examples_for
-from mha_verify.properties.measure import Measure, close, relation_allowed
+from mha_verify.properties.engine.applicable import comparable_rows, examples_for
+from mha_verify.properties.engine.measure import Measure, close, relation_allowed
+from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.registry import invariant
 from mha_verify.properties.strategies import AttnExample
 
 #: the longest sequence the strategies draw (``strategies.sizes``' max_len)
