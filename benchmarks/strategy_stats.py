@@ -22,7 +22,7 @@ from mha_verify.mha.masks import full_keep
 from mha_verify.properties.engine import profiles, runner
 from mha_verify.properties.engine.registry import Property
 from mha_verify.properties.invariants.suite import all_properties
-from mha_verify.properties.strategies import AttnExample, attention_examples
+from mha_verify.properties.strategies.examples import AttnExample, attention_examples
 from mha_verify.properties.targets.eager import Target, load_target
 
 FEATURES: dict[str, Callable[[AttnExample], bool]] = {

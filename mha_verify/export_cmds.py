@@ -56,7 +56,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from mha_verify.export.onnx_export import DTYPES, ExportError, export_onnx
     from mha_verify.export.opsets import check_opset
     from mha_verify.properties.engine import profiles
-    from mha_verify.properties.onnx.interface import ModelError
+    from mha_verify.properties.onnx.model_file import ModelError
     from mha_verify.properties.protocol import TargetError
     from mha_verify.properties.targets.eager import load_target, load_weights
     from mha_verify.validation import validate_model
@@ -105,13 +105,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """
     from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
     from mha_verify.properties.engine import profiles
-    from mha_verify.properties.onnx.interface import (
-        ModelError,
-        adopt_conventions,
-        load_model,
-        parse_input_map,
-        read_interface,
-    )
+    from mha_verify.properties.onnx.conventions import adopt_conventions
+    from mha_verify.properties.onnx.interface import parse_input_map, read_interface
+    from mha_verify.properties.onnx.model_file import ModelError, load_model
     from mha_verify.properties.onnx.ort_target import params_from_graph
     from mha_verify.properties.onnx.probe import MaskProbe, describe_probe
     from mha_verify.properties.onnx.reading import parse_conventions

@@ -115,7 +115,8 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
                 declared: dict[str, str] | None = None) -> list[CheckResult]:
     """Load the eager target at an ONNX model's sizes, with its weights file (``validate``'s check
     before it starts): pass, or fail with the usage error's message."""
-    from mha_verify.properties.onnx.interface import ModelError, read_interface
+    from mha_verify.properties.onnx.interface import read_interface
+    from mha_verify.properties.onnx.model_file import ModelError
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import load_eager
 
@@ -136,7 +137,9 @@ def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None,
     import dataclasses
     import json
 
-    from mha_verify.properties.onnx.interface import ModelError, eager_conventions, read_interface
+    from mha_verify.properties.onnx.conventions import eager_conventions
+    from mha_verify.properties.onnx.interface import read_interface
+    from mha_verify.properties.onnx.model_file import ModelError
     from mha_verify.properties.onnx.ort_target import OrtInstance, make_session, params_from_graph
     from mha_verify.properties.onnx.probe import probe_mask
     from mha_verify.properties.protocol import TargetError

@@ -29,7 +29,8 @@ from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.engine.runner import run_property, run_relation
 from mha_verify.properties.invariants.suite import all_properties, all_relations
 from mha_verify.properties.onnx.checks import frozen_axes, interface_problems
-from mha_verify.properties.onnx.interface import Interface, adopt_conventions, eager_conventions, read_interface
+from mha_verify.properties.onnx.conventions import adopt_conventions, eager_conventions
+from mha_verify.properties.onnx.interface import Interface, read_interface
 from mha_verify.properties.onnx.ort_target import OPT_LEVELS, PROVIDERS, OrtTarget, params_from_graph
 from mha_verify.properties.targets.eager import Bound, Fixed, load_target, load_weights
 from mha_verify.repro_bundle import write_bundle

@@ -13,7 +13,9 @@ from mha_verify.properties.engine.measure import Violation
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import NotApplicable
-from mha_verify.properties.strategies import AttnExample, MaskSpec, Sizes, make_example
+from mha_verify.properties.strategies.examples import AttnExample, make_example
+from mha_verify.properties.strategies.masks import MaskSpec
+from mha_verify.properties.strategies.size_cases import Sizes
 from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/contract_breakers.py:"

@@ -89,7 +89,7 @@ def test_joint_attention_is_verified_as_self_attention_not_as_keys_and_values() 
 
 
 def test_a_rank_4_mask_layout_draws_no_2d_mask_and_lifts_the_causal_one() -> None:
-    from mha_verify.properties.adapters.calling import MaskFormat
+    from mha_verify.properties.adapters.signature import MaskFormat
 
     fmt = MaskFormat("keep", layout="BHLL4")
     assert "LL" not in fmt.forms and {"B1LL", "11LL", "B11L", "BHLL"} <= fmt.forms

@@ -11,7 +11,7 @@ from hypothesis import given
 from mha_verify.mha import MultiHeadAttention, multi_head, params_of
 from mha_verify.mha.reference import same_precision
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.strategies import attention_examples
+from mha_verify.properties.strategies.examples import attention_examples
 from tests.conftest import seeded_mha
 
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 
 from mha_verify.properties.engine import profiles
 from mha_verify.properties.onnx.interface import read_interface
-from mha_verify.properties.strategies import sizes
+from mha_verify.properties.strategies.size_cases import sizes
 from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import interface_result, validate_model
 

@@ -11,7 +11,9 @@ from mha_verify.properties.engine import profiles
 from mha_verify.properties.engine.call_path import Checked
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
-from mha_verify.properties.strategies import MaskSpec, Sizes, make_example
+from mha_verify.properties.strategies.examples import make_example
+from mha_verify.properties.strategies.masks import MaskSpec
+from mha_verify.properties.strategies.size_cases import Sizes
 from mha_verify.properties.targets.eager import load_target
 
 

@@ -116,7 +116,7 @@ def test_external_data_outside_the_models_folder_is_a_one_line_usage_error(tmp_p
 
 
 def test_external_data_past_the_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    from mha_verify.properties.onnx.interface import ModelError, load_model
+    from mha_verify.properties.onnx.model_file import ModelError, load_model
 
     (tmp_path / "weights.bin").write_bytes(b"\0" * 4096)  # stands in for a file of gigabytes
     _external_model(tmp_path / "model.onnx", "weights.bin")
@@ -129,7 +129,8 @@ def test_small_input_mistakes_are_named() -> None:
     import argparse
 
     from mha_verify.cli import _replay_command
-    from mha_verify.properties.onnx.interface import ModelError, load_model, parse_input_map
+    from mha_verify.properties.onnx.interface import parse_input_map
+    from mha_verify.properties.onnx.model_file import ModelError, load_model
 
     with pytest.raises(ValueError, match="names role q twice"):
         parse_input_map("q=a,k=b,q=c")

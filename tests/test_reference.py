@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given
 
 from mha_verify.mha.reference import MHAParams, attention, head_slices, multi_head, per_head
-from mha_verify.properties.strategies import attention_examples
+from mha_verify.properties.strategies.examples import attention_examples
 
 
 def _random_params(d: int, gen: torch.Generator, bias: bool = True) -> MHAParams:

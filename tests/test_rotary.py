@@ -15,7 +15,7 @@ from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import Conventions
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/rotary_layers.py:"

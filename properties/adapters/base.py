@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.adapters.calling import has_dropout, is_same_input, read_signature, set_all_dropout
+from mha_verify.properties.adapters.layer_attrs import has_dropout, set_all_dropout
 from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
 from mha_verify.properties.adapters.recognition import names_of
+from mha_verify.properties.adapters.signature import is_same_input, read_signature
 from mha_verify.properties.protocol import Conventions, NotApplicable
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mha_verify.properties.adapters.calling import MaskFormat
+from mha_verify.properties.adapters.signature import MaskFormat
 
 
 @dataclass(frozen=True)

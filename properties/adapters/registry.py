@@ -25,7 +25,7 @@ from mha_verify.properties.adapters.base import (
     QueryKeyValueAdapter,
     TorchMHAAdapter,
 )
-from mha_verify.properties.adapters.structural import STRUCTURAL
+from mha_verify.properties.adapters.projections import STRUCTURAL
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, TargetError
 

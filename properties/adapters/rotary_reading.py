@@ -8,11 +8,16 @@ case, in the direction (NanoChat's ``rotate_half`` returns ``cat(x2, -x1)``). Re
 text sees only the spellings one thought of; running these pure functions of tensors on a
 probe, and matching the result against the four formulas of :class:`mha.rotary.Rotary`, sees
 what they compute. A result that matches none is said, never guessed.
+
+Which rotary a layer applies is read here too: the frequencies its HF config states
+(:func:`rotary_of`), the library's own rotary module and its (cos, sin) for a probe, and the
+``position_embeddings`` a layer is called with.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 import sys
 import types
@@ -24,7 +29,8 @@ import torch
 from torch import nn
 
 from mha_verify.mha.rotary import Rotary
-from mha_verify.properties.adapters.calling import forward_sources, library_rotary, rotary_cos_sin
+from mha_verify.properties.adapters.forward_source import forward_sources
+from mha_verify.properties.adapters.layer_attrs import layer_type_of
 
 #: (interleaved, reverse) of the four pairings and directions, in the order they are tried
 LAYOUTS = ((False, False), (True, False), (False, True), (True, True))
@@ -157,3 +163,93 @@ def rotary_layout(module: nn.Module, base: float) -> tuple[tuple[bool, bool] | N
 
 
 __all__ = ["LAYOUTS", "cos_sin_batched", "rotary_layout"]
+
+
+def rotary_of(config: object, layer_type: str | None = None) -> tuple[Rotary | None, str]:
+    """(the rotary embeddings an HF config describes, how we know) or (None, why not).
+
+    transformers 5.x keeps them in ``rope_parameters`` (``rope_theta``, ``rope_type``,
+    ``partial_rotary_factor``), 4.x in ``rope_theta`` and ``rope_scaling``. Only the default
+    rope type is the formula of :class:`mha.rotary.Rotary`; scaled types (linear, dynamic, yarn,
+    llama3, longrope) change the frequencies, and are left out (identity rotation) with a note.
+    The layout is halves here; the layer's own is read by :mod:`properties.rotary_reading`.
+    """
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]  # Gemma 3: one set of rotary parameters per layer type
+    if isinstance(params, dict) and "rope_theta" in params:
+        theta, rope_type = params.get("rope_theta"), params.get("rope_type", "default")
+        fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    else:
+        scaling = getattr(config, "rope_scaling", None)
+        theta = getattr(config, "rope_theta", None)
+        rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else "default"
+        fraction = getattr(config, "partial_rotary_factor", 1.0)
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool):
+        return None, "rotary replaced by a rotation by 0: no rope_theta in its config"
+    if rope_type not in (None, "default"):
+        return None, f"rotary replaced by a rotation by 0: rope type {rope_type!r} is not the default formula"
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        return None, f"rotary replaced by a rotation by 0: partial_rotary_factor={fraction!r}"
+    rotary = Rotary(float(theta), False, float(fraction))
+    return rotary, f"{rotary.describe()} (its config)"
+
+
+def library_rotary(module: nn.Module) -> nn.Module | None:
+    """The layer's library's own rotary embedding (``LlamaRotaryEmbedding(config)``: a class named
+    ``*RotaryEmbedding`` in the layer's module), built from the layer's config; None if none
+    builds. Its cos and sin are what the model would give the layer, so they are verified too.
+
+    Built at every call, never kept: one built while an exporter traces holds fake tensors.
+    """
+    config = getattr(module, "config", None)
+    namespace = vars(sys.modules.get(type(module).__module__, types.ModuleType("none")))
+    candidates = sorted((c for name, c in namespace.items() if name.endswith("RotaryEmbedding")
+                         and inspect.isclass(c) and issubclass(c, nn.Module)), key=lambda c: c.__name__)
+    for cls in candidates if config is not None else ():
+        try:
+            return cls(config=config)
+        except Exception:
+            continue
+    return None
+
+
+def rotary_cos_sin(emb: nn.Module, module: nn.Module, x: torch.Tensor,
+                   positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin) of the library's rotary embedding ``emb`` for ``module``: with its layer type where
+    the embedding's forward takes one (Gemma 3's ``forward(x, position_ids, layer_type)``)."""
+    if "layer_type" in inspect.signature(emb.forward).parameters:
+        cos, sin = emb(x, positions, layer_type_of(module))
+    else:
+        cos, sin = emb(x, positions)
+    return cos, sin
+
+
+def position_embeddings(module: nn.Module, x: torch.Tensor, rotary: Rotary | None,
+                        head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``position_embeddings`` (cos, sin), each (B, L, r), for positions 0 .. L-1 of x (B, L, D):
+    from the library's own rotary embedding where there is one, else in its layout
+    (the angles repeated over both halves); a rotation by 0 where ``rotary`` is None."""
+    if rotary is None:
+        return identity_rotary(x, head_dim)
+    B, L = x.shape[0], x.shape[1]
+    positions = torch.arange(L, device=x.device)[None].expand(B, L)
+    emb = library_rotary(module)
+    if emb is not None:
+        return rotary_cos_sin(emb, module, x, positions)
+    r = rotary.dims(head_dim)
+    inv_freq = 1.0 / rotary.base ** (torch.arange(0, r, 2, dtype=torch.float64) / r)
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # (B, L, r/2)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+
+
+def identity_rotary(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``position_embeddings`` (cos, sin) of a rotation by 0: RoPE leaves q and k unchanged.
+
+    Rotary position encoding is outside the attention formula we verify; with cos = 1 and
+    sin = 0, ``apply_rotary_pos_emb`` is the identity and the layer is plain attention.
+    """
+    B, L = x.shape[0], x.shape[1]
+    return (torch.ones(B, L, head_dim, dtype=x.dtype, device=x.device),
+            torch.zeros(B, L, head_dim, dtype=x.dtype, device=x.device))

@@ -38,10 +38,8 @@ A layer's ``mha_verify_conventions`` class attribute overrides any of these (che
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
-from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -50,58 +48,28 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import Norm, PositionBias
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.base import Adapter, declared_conventions
-from mha_verify.properties.adapters.calling import (
+from mha_verify.properties.adapters.forward_source import detect_causal, forward_sources, own_causal_mask
+from mha_verify.properties.adapters.layer_attrs import (
     SCALE_ATTRS,
-    MaskFormat,
-    detect_causal,
-    first_output,
-    forward_sources,
     has_dropout,
-    is_same_input,
     layer_position_bias,
     layer_scale,
     layer_softcap,
     layer_type_of,
-    own_causal_mask,
-    position_embeddings,
-    read_signature,
     returns_weights,
-    rotary_of,
     set_all_dropout,
 )
+from mha_verify.properties.adapters.library_facts import (
+    always_masked,
+    library_format,
+    library_of,
+    read_sources,
+    takes_points,
+)
 from mha_verify.properties.adapters.qk_norm import qk_norms
-from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, rotary_layout
+from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
+from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
 from mha_verify.properties.protocol import Conventions, NotApplicable
-
-
-def _linear_like(layer: object) -> bool:
-    """nn.Linear, or HF's Conv1D (a ``weight`` (in, out) and an ``nf`` out-features attribute)."""
-    return isinstance(layer, nn.Linear) or (
-        isinstance(layer, nn.Module) and type(layer).__name__ == "Conv1D" and hasattr(layer, "nf")
-        and isinstance(getattr(layer, "weight", None), torch.Tensor))
-
-
-def output_layer(layer: object) -> nn.Module | None:
-    """The output projection a layer holds under an output name: a linear-like layer, an
-    nn.Identity (no projection), or the first of a ModuleList followed only by dropout and
-    identities (diffusers' ``to_out = [Linear, Dropout]``); None for anything else."""
-    if _linear_like(layer) or isinstance(layer, nn.Identity):
-        return layer  # type: ignore[return-value]
-    if isinstance(layer, (nn.ModuleList, nn.Sequential)) and len(layer) and _linear_like(layer[0]) and all(
-            isinstance(m, (nn.modules.dropout._DropoutNd, nn.Identity)) for m in list(layer)[1:]):
-        return layer[0]
-    return None
-
-
-def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight (out, in), bias (out,) or None) of an nn.Linear or an HF Conv1D (transposed)."""
-    weight = layer.weight
-    assert isinstance(weight, torch.Tensor)
-    bias = getattr(layer, "bias", None)
-    if not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
-        weight = weight.t()
-    return weight, bias if isinstance(bias, torch.Tensor) else None
-
 
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
 _JOINT = re.compile(r"cat\(\s*[\[(]\s*(hidden_states\s*,\s*encoder_hidden_states"
@@ -112,114 +80,6 @@ _JOINT = re.compile(r"cat\(\s*[\[(]\s*(hidden_states\s*,\s*encoder_hidden_states
 _QUERY_PRESCALED = re.compile(r"query\w*\s*=\s*query\w*\s*\*\s*self\.\w+\s*\*\*\s*-0\.5")
 
 
-def library_of(module: nn.Module) -> str:
-    """The library whose conventions the layer follows: that of the first class in its MRO from a
-    library :data:`recognition.LIBRARY_FORMATS` knows (a user's subclass of diffusers' Attention
-    is called as diffusers calls it), else the top-level package of its own class."""
-    known = {library for library, _ in recognition.LIBRARY_FORMATS}
-    for cls in type(module).__mro__:
-        top = cls.__module__.split(".")[0]
-        if top in known:
-            return top
-    return type(module).__module__.split(".")[0]
-
-
-def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
-    """(mask format, fully masked convention, a note) for the library ``module`` comes from
-    (:data:`mha_verify.properties.adapters.recognition.LIBRARY_FORMATS`).
-
-    The implementation is the layer's config's ``_attn_implementation``; a layer built
-    standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.
-    """
-    implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager")
-    if callable(getattr(module, "compute_bias", None)):
-        # a bias reaches HF's attention function only from a layer that computes one (T5's and
-        # UMT5's compute_bias, zeros where it has no table); LayoutLMv3's and PP-DocLayout's come
-        # from their models, through a position_bias argument: None here
-        implementation += "+position_bias"
-    library = library_of(module)
-    read = _read_sources(forward_sources(module))
-    if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is
-        implementation = read.processor_masks
-    row = recognition.library_format(library, implementation)
-    exact = read.exact_mask
-    return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
-
-
-def always_masked(module: nn.Module) -> str:
-    """Why ``module`` is called with an all-keep mask where an example has none, or "".
-
-    HF's ``sdpa_attention_forward`` takes a layer with no ``is_causal`` attribute as causal, and
-    applies causality when it gets no mask. Such layers are the older ones, whose models build
-    their masks themselves (BERT's ``get_extended_attention_mask`` kind: ones where none is given;
-    Mllama's vision encoder, LayoutLM) and never call them without one: called so here too, and
-    said. (A model that called one with None would be causal by mistake: a model's bug, which a
-    layer's gate cannot see.)
-    """
-    config = getattr(module, "config", None)
-    if library_of(module) != "transformers" or hasattr(module, "is_causal") \
-            or getattr(config, "_attn_implementation", None) != "sdpa":
-        return ""
-    return ("no is_causal attribute (HF's sdpa would make it causal without a mask): called with an all-keep mask "
-            "where an example has none, as its model always passes one")
-
-
-#: a forward that reads a second batch axis from its inputs (SAM's ``batch_size, point_batch_size =
-#: query.shape[:2]``): called with inputs (B, 1, L, D)
-_POINT_BATCH = re.compile(r"point_batch_size\s*=\s*\w+\.shape\[:2\]")
-
-
-def _takes_points(module: nn.Module) -> bool:
-    return _read_sources(forward_sources(module)).points
-
-
-#: a forward that compares its mask's size to one shape and raises on any other: that layout exactly
-_EXACT_MASK = (
-    (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+,\s*1,\s*\w+,\s*\w+\)"), "B1LL"),  # LED, XGLM
-    (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+\s*\*\s*self\.num_heads,\s*\w+,\s*\w+\)"), "BHLL3"),
-)
-
-
-#: (what in a forward's source shows another operator than softmax attention over every key, what it is)
-_OTHER_OPERATORS = (
-    (re.compile(r"torch\.fft\."), "computes through torch.fft (an auto-correlation, not softmax attention)"),
-    # Informer's ProbSparse: keys sampled at random pick the queries that attend; the others get a mean
-    (re.compile(r"torch\.(randint|randperm|multinomial)\("),
-     "samples at random (ProbSparse's kind: a random subset of keys picks the queries that attend)"),
-    # LongT5's local and transient-global layers: attention within blocks (and their neighbours)
-    (re.compile(r"\bblock_len\b"), "attends within blocks of block_len keys (LongT5's local attention), "
-                                    "a structure the oracle does not model"),
-    # Reformer's local attention: chunks that see their neighbours, the first one the last
-    (re.compile(r"\b_look_adjacent\(|\b_split_seq_length_dim_to\("),
-     "attends within chunks and their neighbours (Reformer's chunked attention), a structure the oracle does "
-     "not model"),
-    # Qwen2.5-Omni's DiT: query[:, :1], key[:, :1] = apply_rotary_pos_emb(...)
-    (re.compile(r"\w+\[:,\s*:\d+\]\s*(,\s*\w+\[:,\s*:\d+\]\s*)?=\s*apply_rotary_pos_emb\("),
-     "rotates some of its heads only (rotary on a slice of the heads), a step the oracle does not model"),
-)
-
-
-class _SourceFacts(NamedTuple):
-    """What a layer's forward (and processor) source shows, read once per source."""
-
-    other_operator: str  # of :data:`_OTHER_OPERATORS`, or ""
-    exact_mask: str | None  # a layout of :data:`_EXACT_MASK`, or None
-    points: bool  # a second batch axis (:data:`_POINT_BATCH`)
-    processor_masks: str  # diffusers: "get_attention_scores", "prepare_attention_mask" or "as_is"
-
-
-@functools.lru_cache(maxsize=256)
-def _read_sources(sources: tuple[tuple[str, str], ...]) -> _SourceFacts:
-    """The facts of :func:`forward_sources`' text: conventions and calls ask at every call of a layer."""
-    text = "\n".join(source for _, source in sources)
-    return _SourceFacts(
-        other_operator=next((what for pattern, what in _OTHER_OPERATORS if pattern.search(text)), ""),
-        exact_mask=next((layout for pattern, layout in _EXACT_MASK if pattern.search(text)), None),
-        points=bool(_POINT_BATCH.search(text)),
-        processor_masks="get_attention_scores" if "get_attention_scores" in text
-        else "prepare_attention_mask" if "prepare_attention_mask" in text else "as_is")
-
-
 class StructuralAdapter(Adapter):
     """Calls a layer by the names of its forward's parameters and its library's mask format.
 
@@ -227,7 +87,7 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
-        other = _read_sources(forward_sources(module)).other_operator
+        other = read_sources(forward_sources(module)).other_operator
         if other:  # judged against softmax attention over every key it would fail every property
             raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         q_norm, k_norm, v_norm = self._norms(module)
@@ -330,13 +190,13 @@ class StructuralAdapter(Adapter):
                    for n in (*(n for pair in recognition.QK_NORM_PAIRS for n in pair), *recognition.V_NORMS)):
             return None, None, None
         p = self.params(module)
-        head_dim = _head_dim(module, p)
+        head_dim = head_dim_of(module, p)
         return qk_norms(module, p.w_q.shape[0] // head_dim, head_dim, p.w_k.shape[0] // head_dim)
 
     def _scale(self, module: nn.Module) -> tuple[float | None, str]:
         """The softmax scale the layer states (:func:`adapters_call.layer_scale`), at its head width."""
         try:
-            head_dim = _head_dim(module, self.params(module))
+            head_dim = head_dim_of(module, self.params(module))
         except NotApplicable:
             return None, ""
         if head_dim <= 0:
@@ -353,7 +213,7 @@ class StructuralAdapter(Adapter):
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
         out = first_output(module(**self._points(module, self._kwargs(module, q, k, v, mask))))
-        return out[:, 0] if _takes_points(module) else out
+        return out[:, 0] if takes_points(module) else out
 
     def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -365,13 +225,13 @@ class StructuralAdapter(Adapter):
         at = 2 if read_signature(module).position_bias is not None else 1
         if not (isinstance(out, tuple) and len(out) > at and isinstance(out[at], torch.Tensor)):
             raise NotApplicable("the target's forward returned no attention weights")
-        return (out[0][:, 0] if _takes_points(module) else out[0]), out[at]  # weights (B * 1, H, Lq, Lk)
+        return (out[0][:, 0] if takes_points(module) else out[0]), out[at]  # weights (B * 1, H, Lq, Lk)
 
     @staticmethod
     def _points(module: nn.Module, kwargs: dict[str, object]) -> dict[str, object]:
         """``kwargs`` with q, k and v (B, L, D) as (B, 1, L, D) for a layer that takes a second batch
         axis (SAM's point batch), the same tensor for the same input (an exporter sees self-attention)."""
-        if not _takes_points(module):
+        if not takes_points(module):
             return kwargs
         sig = read_signature(module)
         seen: dict[int, torch.Tensor] = {}
@@ -412,7 +272,7 @@ class StructuralAdapter(Adapter):
             # a causal layer always gets its causal mask explicitly (ANDed with ours): HF eager and
             # torchtune apply only the mask they are given, and the AND is harmless for the others
             explicit_causal = conv.causal
-            heads = q.shape[-1] // _head_dim(module, self.params(module)) if fmt.layout == "BHLL3" else None
+            heads = q.shape[-1] // head_dim_of(module, self.params(module)) if fmt.layout == "BHLL3" else None
             converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal, heads=heads)
             if sig.context_mask is not None and sig.context in kwargs:
                 # BigBird's and BERT's kind: with a context, the layer reads encoder_attention_mask
@@ -424,7 +284,7 @@ class StructuralAdapter(Adapter):
                 kwargs[sig.mask] = fmt.convert(torch.ones(1, 1, Lq, Lk, dtype=torch.bool), B=B, Lq=Lq, Lk=Lk,
                                                dtype=q.dtype, heads=heads)
         if sig.rotary is not None:
-            head_dim = _head_dim(module, self.params(module))
+            head_dim = head_dim_of(module, self.params(module))
             cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each
             # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
             kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
@@ -434,23 +294,9 @@ class StructuralAdapter(Adapter):
         return set_all_dropout(module, p)
 
 
-def _per_head(module: nn.Module, w: torch.Tensor, b: torch.Tensor | None, w_o: torch.Tensor,
-              b_o: torch.Tensor | None) -> MHAParams:
-    """q, k, v of a (3D, D) projection whose rows are grouped per head, [q_h; k_h; v_h] for each head h
-    (GPT-NeoX views its output as (B, L, H, 3 Hd) and chunks the last axis): copies, in our layout."""
-    d = w_o.shape[1]
-    head_dim = _head_dim(module, MHAParams(w_o, None, w_o, None, w_o, None, w_o, None))
-    n = d // head_dim
-    # (3D, D) -> (H, 3, Hd, D) -> three (H * Hd, D); biases (3D,) -> (H, 3, Hd) -> three (D,)
-    parts = w.reshape(n, 3, head_dim, w.shape[1]).unbind(1)
-    w_q, w_k, w_v = (p.reshape(d, w.shape[1]) for p in parts)
-    if b is None:
-        return MHAParams(w_q, None, w_k, None, w_v, None, w_o, b_o)
-    b_q, b_k, b_v = (p.reshape(d) for p in b.reshape(n, 3, head_dim).unbind(1))
-    return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
 
 
-def _head_dim(module: nn.Module, params: MHAParams) -> int:
+def head_dim_of(module: nn.Module, params: MHAParams) -> int:
     """The layer's head width: its ``head_dim`` or ``head_size`` (HF 5.x layers keep it, not their head
     count), else the query rows over its head count."""
     for attr in ("head_dim", "head_size"):
@@ -466,110 +312,3 @@ def _n_head(module: nn.Module) -> int:
         if isinstance(value, int) and value > 0:
             return value
     raise NotApplicable(f"{type(module).__name__} names its head count in no attribute we know")
-
-
-class FusedQKVAdapter(StructuralAdapter):
-    """One fused input projection (D + 2 Dkv, D), split into q, k, v in that order, and an output one."""
-
-    name = "fused_qkv"
-    description = "qkv+proj (timm), c_attn+c_proj (nanoGPT, GPT-2 incl. HF Conv1D)"
-
-    def _row(self, module: nn.Module) -> tuple[str, str, bool] | None:
-        """(fused name, output name, rows per head) of the row that names ``module``'s projections."""
-        for row in recognition.layouts(self.name):
-            assert row.fused is not None
-            out = next((o for o in row.out if _linear_like(getattr(module, o, None))), None)
-            if _linear_like(getattr(module, row.fused, None)) and out is not None:
-                return row.fused, out, row.per_head
-        return None
-
-    def _names(self, module: nn.Module) -> tuple[str, str] | None:
-        row = self._row(module)
-        return None if row is None else row[:2]
-
-    def sources(self, module: nn.Module) -> list[torch.Tensor]:
-        names = self._names(module)
-        assert names is not None
-        return [p for name in names for p in getattr(module, name).parameters()]
-
-    def matches(self, module: nn.Module) -> bool:
-        names = self._names(module)
-        if names is None:
-            return False
-        w, _ = weight_bias(getattr(module, names[0]))
-        return w.shape[0] > w.shape[1] and (w.shape[0] - w.shape[1]) % 2 == 0
-
-    def params(self, module: nn.Module) -> MHAParams:
-        names = self._names(module)
-        assert names is not None
-        # (D + 2 Dkv, D): rows q (D of them: the output projection's input width), then k, then v;
-        # Dkv = D without grouping (the chunks of 3), fewer with grouped-query attention (Phi-3)
-        w, b = weight_bias(getattr(module, names[0]))
-        w_o, b_o = weight_bias(getattr(module, names[1]))
-        d = w_o.shape[1]
-        row = self._row(module)
-        if row is not None and row[2]:
-            return _per_head(module, w, b, w_o, b_o)
-        kv = (w.shape[0] - d) // 2
-        w_q, w_k, w_v = w.split((d, kv, kv))
-        b_q, b_k, b_v = (None, None, None) if b is None else b.split((d, kv, kv))
-        return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
-
-
-class SeparateQKVAdapter(StructuralAdapter):
-    """Separate q, k, v projections and an output one; k and v may have fewer rows (GQA/MQA)."""
-
-    name = "separate_qkv"
-    description = ("q_proj/k_proj/v_proj + o_proj|out_proj|output_proj (HF Llama/Mistral/BART/Whisper, fairseq, "
-                   "torchtune), to_q/to_k/to_v/to_out (x-transformers), incl. grouped-query")
-
-    def _names(self, module: nn.Module) -> tuple[str, str, str, str] | None:
-        for row in recognition.layouts(self.name):
-            assert row.q and row.k and row.v
-            if all(_linear_like(getattr(module, n, None)) for n in (row.q, row.k, row.v)):
-                # an nn.Identity output: no projection (x-transformers with one head of width D)
-                out = next((o for o in row.out if output_layer(getattr(module, o, None)) is not None), None)
-                if out is not None:
-                    return row.q, row.k, row.v, out
-        return None
-
-    def matches(self, module: nn.Module) -> bool:
-        return self._names(module) is not None
-
-    def params(self, module: nn.Module) -> MHAParams:
-        names = self._names(module)
-        assert names is not None
-        args: list[torch.Tensor | None] = []
-        for n in names:
-            layer = output_layer(getattr(module, n))
-            assert layer is not None
-            args += [None, None] if isinstance(layer, nn.Identity) else weight_bias(layer)
-        return MHAParams._make(args)
-
-
-class QKVNoOutputAdapter(StructuralAdapter):
-    """``query``, ``key``, ``value`` projections and no output projection (HF BERT self-attention:
-    its output projection lives in ``BertSelfOutput``, with the residual and LayerNorm)."""
-
-    name = "qkv_no_output"
-    description = "query/key/value without an output projection (HF BertSelfAttention)"
-
-    def _names(self) -> tuple[str, str, str]:
-        (row,) = recognition.layouts(self.name)
-        assert row.q and row.k and row.v
-        return row.q, row.k, row.v
-
-    def matches(self, module: nn.Module) -> bool:
-        # any output projection another layout names means this is not BERT's projection-less layer
-        outs = {o for row in recognition.PROJECTIONS for o in row.out}
-        return (all(_linear_like(getattr(module, n, None)) for n in self._names())
-                and not any(isinstance(getattr(module, n, None), nn.Module) for n in outs))
-
-    def params(self, module: nn.Module) -> MHAParams:
-        args: list[torch.Tensor | None] = []
-        for n in self._names():
-            args += weight_bias(getattr(module, n))
-        return MHAParams._make([*args, None, None])
-
-
-STRUCTURAL: tuple[Adapter, ...] = (FusedQKVAdapter(), SeparateQKVAdapter(), QKVNoOutputAdapter())

@@ -8,18 +8,11 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.mha.masks import causal_keep, full_keep
+from mha_verify.mha.masks import MASK_FORMS, causal_keep, full_keep
 from mha_verify.properties.protocol import Conventions
-from mha_verify.properties.strategies import (
-    MASK_FORMS,
-    MASK_KINDS,
-    AttnExample,
-    MaskSpec,
-    Sizes,
-    attention_examples,
-    mask_specs,
-    sizes,
-)
+from mha_verify.properties.strategies.examples import AttnExample, attention_examples
+from mha_verify.properties.strategies.masks import MASK_KINDS, MaskSpec, mask_specs
+from mha_verify.properties.strategies.size_cases import Sizes, sizes
 
 # mask kinds a causal target's own mask cannot contradict usefully are still drawn: the target
 # ANDs them with its causal mask, and the oracle does the same.

@@ -12,7 +12,7 @@ import torch
 from mha_verify.mha.reference import multi_head, same_precision
 from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
 from mha_verify.properties.protocol import Instance
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 
 
 @dataclass(frozen=True)

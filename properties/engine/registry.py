@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import CheckFn, RelationFn
 from mha_verify.properties.protocol import Conventions
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 
 StrategyFn = Callable[[Conventions], "st.SearchStrategy[AttnExample] | str"]
 

@@ -31,7 +31,8 @@ from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
 from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.protocol import Conventions, NotApplicable, Subject, TargetError
-from mha_verify.properties.strategies import AttnExample, boundary_cases, forced_size_case, modest_size_cases
+from mha_verify.properties.strategies.examples import AttnExample
+from mha_verify.properties.strategies.size_cases import boundary_cases, forced_size_case, modest_size_cases
 
 #: called after every example a check ran: the example, and what it measured or the exception it
 #: raised (a Violation, NotApplicable, or the target's own error)

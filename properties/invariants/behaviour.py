@@ -11,7 +11,7 @@ from mha_verify.properties.engine.applicable import examples_for, fully_masked
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
-from mha_verify.properties.strategies import AttnExample, make_example
+from mha_verify.properties.strategies.examples import AttnExample, make_example
 
 
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

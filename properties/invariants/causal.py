@@ -18,7 +18,7 @@ from mha_verify.properties.engine.applicable import comparable_rows, examples_fo
 from mha_verify.properties.engine.measure import Measure, close, relation_allowed
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 
 
 def _causal(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

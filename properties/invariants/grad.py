@@ -18,7 +18,7 @@ from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, ensure, worst
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Instance
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 
 _WEIGHTS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")
 

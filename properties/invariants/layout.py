@@ -16,7 +16,7 @@ from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, close, relation_allowed
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
-from mha_verify.properties.strategies import LAYOUTS, AttnExample, with_layout
+from mha_verify.properties.strategies.examples import LAYOUTS, AttnExample, with_layout
 
 
 def _contiguous(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

@@ -23,7 +23,8 @@ from mha_verify.properties.engine.measure import (
 )
 from mha_verify.properties.engine.registry import StrategyFn, invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.strategies import AttnExample, build_keep
+from mha_verify.properties.strategies.examples import AttnExample
+from mha_verify.properties.strategies.masks import build_keep
 
 _MASKED_KINDS = ("random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
 

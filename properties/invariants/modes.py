@@ -20,7 +20,8 @@ from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, relation_allowed
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.strategies import MASK_KINDS, AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
+from mha_verify.properties.strategies.masks import MASK_KINDS
 
 
 def _with_fully_masked_rows(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

@@ -22,7 +22,8 @@ from mha_verify.properties.engine.call_path import weights_if_any
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
-from mha_verify.properties.strategies import AttnExample, sizes
+from mha_verify.properties.strategies.examples import AttnExample
+from mha_verify.properties.strategies.size_cases import sizes
 
 
 @invariant("oracle_agreement", reach="full")

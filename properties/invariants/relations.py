@@ -27,7 +27,7 @@ from mha_verify.properties.engine.applicable import comparable_rows, examples_fo
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, oracle
 from mha_verify.properties.engine.registry import relation
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 
 
 def _max_abs(a: torch.Tensor, b: torch.Tensor) -> float:

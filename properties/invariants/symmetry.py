@@ -9,7 +9,7 @@ from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import Measure, close, relation_allowed, worst
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
-from mha_verify.properties.strategies import AttnExample
+from mha_verify.properties.strategies.examples import AttnExample
 
 
 def _perm(n: int, seed: int) -> torch.Tensor:

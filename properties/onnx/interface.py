@@ -27,7 +27,6 @@ form (a form's size-1 axes are expanded to the model's full ones when it is fed)
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,12 +34,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
 from mha_verify.mha.masks import forms_within
-from mha_verify.mha.rotary import Rotary
 from mha_verify.mha.scoring import Scoring
 from mha_verify.properties.onnx.heads import n_head_from_graph, op_conventions
+from mha_verify.properties.onnx.model_file import ModelError, load_model
 from mha_verify.properties.onnx.reading import (
     Reading,
     read_conventions,
@@ -48,7 +46,6 @@ from mha_verify.properties.onnx.reading import (
     read_mask_axes,
     read_mask_kind,
 )
-from mha_verify.properties.protocol import Conventions
 
 ROLES = ("q", "k", "v", "x", "mask")
 _ALIASES = {
@@ -67,10 +64,6 @@ _TORCH_DTYPES: dict[type, torch.dtype] = {np.float32: torch.float32, np.float16:
                                           np.float64: torch.float64}
 
 Dim = int | str | None  # a fixed size, a symbol, or unknown
-
-
-class ModelError(Exception):
-    """The file is missing, not ONNX, or not an attention model we can feed (a usage error)."""
 
 
 @dataclass(frozen=True)
@@ -199,48 +192,6 @@ class Interface:
         return "\n".join(lines)
 
 
-#: conventions only an eager target states (no file or flag does): keys and values in one argument,
-#: rotary embeddings (``base;interleaved;fraction;reverse``), soft-cap, sliding window, ALiBi
-EAGER_ONLY = ("kv_shared", "rotary", "softcap", "window", "alibi")
-
-
-def adopt_conventions(info: Interface, conventions: dict[str, str], source: str) -> Interface:
-    """``info`` with the ``fully_masked`` / ``causal`` / ``scale`` of ``conventions`` (the eager target's) where
-    the file and the declarations state none, and its :data:`EAGER_ONLY` ones: one declaration serves
-    both sides."""
-    adopted = dict(info.conventions)
-    for key in ("fully_masked", "causal", "scale", *EAGER_ONLY):
-        if key not in adopted and key in conventions:
-            adopted[key] = (conventions[key], source)
-    return dataclasses.replace(info, conventions=adopted)
-
-
-def eager_conventions(conv: Conventions) -> dict[str, str]:
-    """An eager target's conventions in :func:`adopt_conventions`' vocabulary."""
-    out = {"fully_masked": conv.fully_masked, "causal": "true" if conv.causal else "false"}
-    if conv.scale is not None:
-        out["scale"] = repr(float(conv.scale))
-    if conv.kv_shared:
-        out["kv_shared"] = "true"
-    if conv.rotary is not None:
-        r = conv.rotary
-        out["rotary"] = f"{r.base!r};{'true' if r.interleaved else 'false'};{r.fraction!r};" \
-                        f"{'true' if r.reverse else 'false'}"
-    if conv.softcap is not None:
-        out["softcap"] = repr(float(conv.softcap))
-    if conv.window is not None:
-        out["window"] = str(int(conv.window))
-    if conv.position_bias is not None and conv.position_bias.alibi:
-        out["alibi"] = "true"
-    return out
-
-
-def rotary_from(text: str) -> Rotary:
-    """:func:`eager_conventions`' ``rotary`` text -> a Rotary (ValueError for any other text)."""
-    base, interleaved, fraction, reverse = text.split(";")
-    return Rotary(float(base), interleaved == "true", float(fraction), reverse == "true")
-
-
 def parse_input_map(text: str | None) -> dict[str, str]:
     """``"q=query,k=key,v=value,mask=attn_mask"`` -> {"q": "query", ...}; ValueError naming bad parts."""
     if not text:
@@ -260,58 +211,6 @@ def parse_input_map(text: str | None) -> dict[str, str]:
 def _dims(value: onnx.ValueInfoProto) -> tuple[Dim, ...]:
     return tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                  for d in value.type.tensor_type.shape.dim)
-
-
-#: the most external data (tensors stored beside the model, as dynamo exports write large ones)
-#: read into memory, and the largest model file read: a 21 KB model naming a 6 GB file would
-#: otherwise be read in full. ``validate --max-external-data-gb`` raises it.
-MAX_EXTERNAL_DATA_BYTES = 2 * 2**30
-
-
-def external_data_bytes(model: onnx.ModelProto, folder: Path) -> int:
-    """Bytes of the external data files ``model`` names (each file counted once, as it is on disk);
-    ModelError for a file outside the model's folder (a model file must not read other files)."""
-    files = set()
-    root = folder.resolve()
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entries = {e.key: e.value for e in tensor.external_data}
-            location = entries.get("location", "")
-            resolved = (root / location).resolve()
-            if not resolved.is_relative_to(root) or not location:
-                raise ModelError(f"the external data of tensor {tensor.name!r} is {location!r}, which points outside "
-                                 f"the model's folder {str(folder)!r}")
-            files.add(resolved)
-    return sum(f.stat().st_size for f in files if f.is_file())
-
-
-def load_model(path: str | os.PathLike[str], *, external_data: bool = True,
-               max_external_bytes: int | None = None) -> onnx.ModelProto:
-    """The model at ``path``; with ``external_data`` its tensors stored beside it too (at most
-    ``max_external_bytes``, default :data:`MAX_EXTERNAL_DATA_BYTES`). ModelError (one line) if it is
-    missing, not ONNX, or names more external data than allowed."""
-    path = Path(path)
-    if path.is_dir():
-        raise ModelError(f"model file {str(path)!r} is a directory, not an ONNX file")
-    if not path.is_file():
-        raise ModelError(f"model file {str(path)!r} does not exist")
-    limit = MAX_EXTERNAL_DATA_BYTES if max_external_bytes is None else max_external_bytes
-    if path.stat().st_size > limit:
-        raise ModelError(f"{str(path)!r} is {path.stat().st_size / 2**30:.2f} GiB, more than the {limit / 2**30:.2f} "
-                         "GiB allowed: pass --max-external-data-gb to read it")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-        size = external_data_bytes(model, path.parent)
-        if size > limit:
-            raise ModelError(f"{str(path)!r} names {size / 2**30:.2f} GiB of external data, more than the "
-                             f"{limit / 2**30:.2f} GiB allowed: pass --max-external-data-gb to read it")
-        if external_data:
-            onnx.load_external_data_for_model(model, str(path.parent))
-    except (DecodeError, ValueError, OSError, RuntimeError, onnx.checker.ValidationError) as exc:
-        raise ModelError(f"{str(path)!r} is not an ONNX model: {type(exc).__name__}: {exc}") from None
-    if not model.graph.node or not model.graph.output:
-        raise ModelError(f"{str(path)!r} is not an ONNX model (no graph)")
-    return model
 
 
 def _assign_roles(inputs: list[TensorSpec], mapping: dict[str, str], path: Path) -> dict[str, TensorSpec]:

@@ -28,7 +28,9 @@ import torch
 from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import PositionBias
 from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
-from mha_verify.properties.onnx.interface import Interface, ModelError, read_interface, rotary_from
+from mha_verify.properties.onnx.conventions import rotary_from
+from mha_verify.properties.onnx.interface import Interface, read_interface
+from mha_verify.properties.onnx.model_file import ModelError
 from mha_verify.properties.onnx.weights import projection_weights
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 

@@ -13,7 +13,8 @@ from onnx import numpy_helper
 
 from mha_verify.properties.adapters.recognition import initializer_tokens
 from mha_verify.properties.onnx.heads import ATTENTION_OPS
-from mha_verify.properties.onnx.interface import Interface, load_model
+from mha_verify.properties.onnx.interface import Interface
+from mha_verify.properties.onnx.model_file import load_model
 
 _TOKENS = {role: "|".join(map(re.escape, names)) for role, names in initializer_tokens().items()}
 

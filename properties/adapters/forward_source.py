@@ -1,0 +1,87 @@
+"""What a layer's ``forward`` source text says: that it builds its own causal mask (a lower-triangular
+buffer, SDPA's ``is_causal=True``), read once per source; the sources themselves, for the readers
+of library facts.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _lower_triangular(t: torch.Tensor) -> bool:
+    if t.dim() < 2 or t.shape[-1] != t.shape[-2] or t.shape[-1] < 2 or t.dtype.is_complex:
+        return False
+    m = t.reshape(-1, t.shape[-2], t.shape[-1])[0] != 0
+    return bool(torch.equal(m, torch.tril(torch.ones_like(m))))
+
+
+_SDPA_CAUSAL = re.compile(r"is_causal\s*=\s*True")
+
+
+_CAUSAL_SEEN: weakref.WeakKeyDictionary[nn.Module, tuple[bool, str]] = weakref.WeakKeyDictionary()
+
+
+def detect_causal(module: nn.Module) -> tuple[bool, str]:
+    """(causal, how we know) for ``module``, found once per instance (:func:`_detect_causal`).
+
+    Cached: reading a buffer's values is data-dependent, which torch's exporters cannot
+    trace, and a layer's structure does not change between calls.
+    """
+    if module not in _CAUSAL_SEEN:
+        _CAUSAL_SEEN[module] = _detect_causal(module)
+    return _CAUSAL_SEEN[module]
+
+
+def _detect_causal(module: nn.Module) -> tuple[bool, str]:
+    """(causal, how we know), from the layer's structure, never its outputs.
+
+    In order: a bool ``is_causal`` attribute (HF, torchtune), a bool ``causal`` attribute
+    (x-transformers), a lower-triangular buffer (nanoGPT's ``bias`` on its slow path), a
+    forward whose source calls SDPA with ``is_causal=True`` (nanoGPT's flash path), or a
+    diffusers processor (``module.processor``) whose ``__call__`` does.
+    """
+    for attr in ("is_causal", "causal"):
+        value = getattr(module, attr, None)
+        if isinstance(value, bool):
+            return value, f"causal from its {attr}={value} attribute"
+    for name, buf in module.named_buffers(recurse=False):
+        if _lower_triangular(buf):
+            return True, f"causal from its lower-triangular buffer {name!r}"
+    for where, source in forward_sources(module):
+        if _SDPA_CAUSAL.search(source):
+            return True, f"causal from is_causal=True in {where}"
+    return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
+
+
+def own_causal_mask(module: nn.Module) -> bool:
+    """Whether the layer masks the future itself with a lower-triangular buffer of its own (GPT-2's
+    older code, ImageGPT's ``bias``), on top of any mask it is given."""
+    return any(_lower_triangular(buf) for _, buf in module.named_buffers(recurse=False))
+
+
+def forward_sources(module: nn.Module) -> tuple[tuple[str, str], ...]:
+    """(where, source text) of the layer's forward and of a diffusers processor's ``__call__``
+    (the layer's forward hands the work to it); "" where the source cannot be read."""
+    processor = getattr(module, "processor", None)
+    call = type(processor).__call__ if processor is not None and callable(processor) else None
+    return _sources(type(module).forward, call)
+
+
+@functools.lru_cache(maxsize=256)
+def _sources(forward: Callable[..., Any], call: Callable[..., Any] | None) -> tuple[tuple[str, str], ...]:
+    """Read once per (forward, processor call): conventions are asked for at every call of a layer."""
+    out = []
+    for where, fn in (("its forward", forward), ("its processor", call)):
+        try:
+            out.append((where, inspect.getsource(fn) if fn is not None else ""))
+        except (OSError, TypeError):
+            out.append((where, ""))
+    return tuple(out)

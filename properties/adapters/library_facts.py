@@ -1,0 +1,125 @@
+"""What a layer's library and forward source say before it is called: whose mask conventions it
+follows, what mask it always applies, whether it takes point batches (SAM), and which source
+facts (an exact mask shape, other operators between the scores and the softmax) bind its calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import NamedTuple
+
+from torch import nn
+
+from mha_verify.properties.adapters import recognition
+from mha_verify.properties.adapters.forward_source import forward_sources
+from mha_verify.properties.adapters.signature import MaskFormat
+
+
+def library_of(module: nn.Module) -> str:
+    """The library whose conventions the layer follows: that of the first class in its MRO from a
+    library :data:`recognition.LIBRARY_FORMATS` knows (a user's subclass of diffusers' Attention
+    is called as diffusers calls it), else the top-level package of its own class."""
+    known = {library for library, _ in recognition.LIBRARY_FORMATS}
+    for cls in type(module).__mro__:
+        top = cls.__module__.split(".")[0]
+        if top in known:
+            return top
+    return type(module).__module__.split(".")[0]
+
+
+def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
+    """(mask format, fully masked convention, a note) for the library ``module`` comes from
+    (:data:`mha_verify.properties.adapters.recognition.LIBRARY_FORMATS`).
+
+    The implementation is the layer's config's ``_attn_implementation``; a layer built
+    standalone has None there, and HF's dispatch then falls back to ``eager_attention_forward``.
+    """
+    implementation = str(getattr(getattr(module, "config", None), "_attn_implementation", None) or "eager")
+    if callable(getattr(module, "compute_bias", None)):
+        # a bias reaches HF's attention function only from a layer that computes one (T5's and
+        # UMT5's compute_bias, zeros where it has no table); LayoutLMv3's and PP-DocLayout's come
+        # from their models, through a position_bias argument: None here
+        implementation += "+position_bias"
+    library = library_of(module)
+    read = read_sources(forward_sources(module))
+    if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is
+        implementation = read.processor_masks
+    row = recognition.library_format(library, implementation)
+    exact = read.exact_mask
+    return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
+
+
+def always_masked(module: nn.Module) -> str:
+    """Why ``module`` is called with an all-keep mask where an example has none, or "".
+
+    HF's ``sdpa_attention_forward`` takes a layer with no ``is_causal`` attribute as causal, and
+    applies causality when it gets no mask. Such layers are the older ones, whose models build
+    their masks themselves (BERT's ``get_extended_attention_mask`` kind: ones where none is given;
+    Mllama's vision encoder, LayoutLM) and never call them without one: called so here too, and
+    said. (A model that called one with None would be causal by mistake: a model's bug, which a
+    layer's gate cannot see.)
+    """
+    config = getattr(module, "config", None)
+    if library_of(module) != "transformers" or hasattr(module, "is_causal") \
+            or getattr(config, "_attn_implementation", None) != "sdpa":
+        return ""
+    return ("no is_causal attribute (HF's sdpa would make it causal without a mask): called with an all-keep mask "
+            "where an example has none, as its model always passes one")
+
+
+#: a forward that reads a second batch axis from its inputs (SAM's ``batch_size, point_batch_size =
+#: query.shape[:2]``): called with inputs (B, 1, L, D)
+_POINT_BATCH = re.compile(r"point_batch_size\s*=\s*\w+\.shape\[:2\]")
+
+
+def takes_points(module: nn.Module) -> bool:
+    return read_sources(forward_sources(module)).points
+
+
+#: a forward that compares its mask's size to one shape and raises on any other: that layout exactly
+_EXACT_MASK = (
+    (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+,\s*1,\s*\w+,\s*\w+\)"), "B1LL"),  # LED, XGLM
+    (re.compile(r"attention_mask\.size\(\)\s*!=\s*\(\w+\s*\*\s*self\.num_heads,\s*\w+,\s*\w+\)"), "BHLL3"),
+)
+
+
+#: (what in a forward's source shows another operator than softmax attention over every key, what it is)
+_OTHER_OPERATORS = (
+    (re.compile(r"torch\.fft\."), "computes through torch.fft (an auto-correlation, not softmax attention)"),
+    # Informer's ProbSparse: keys sampled at random pick the queries that attend; the others get a mean
+    (re.compile(r"torch\.(randint|randperm|multinomial)\("),
+     "samples at random (ProbSparse's kind: a random subset of keys picks the queries that attend)"),
+    # LongT5's local and transient-global layers: attention within blocks (and their neighbours)
+    (re.compile(r"\bblock_len\b"), "attends within blocks of block_len keys (LongT5's local attention), "
+                                    "a structure the oracle does not model"),
+    # Reformer's local attention: chunks that see their neighbours, the first one the last
+    (re.compile(r"\b_look_adjacent\(|\b_split_seq_length_dim_to\("),
+     "attends within chunks and their neighbours (Reformer's chunked attention), a structure the oracle does "
+     "not model"),
+    # Qwen2.5-Omni's DiT: query[:, :1], key[:, :1] = apply_rotary_pos_emb(...)
+    (re.compile(r"\w+\[:,\s*:\d+\]\s*(,\s*\w+\[:,\s*:\d+\]\s*)?=\s*apply_rotary_pos_emb\("),
+     "rotates some of its heads only (rotary on a slice of the heads), a step the oracle does not model"),
+)
+
+
+class SourceFacts(NamedTuple):
+    """What a layer's forward (and processor) source shows, read once per source."""
+
+    other_operator: str  # of :data:`_OTHER_OPERATORS`, or ""
+    exact_mask: str | None  # a layout of :data:`_EXACT_MASK`, or None
+    points: bool  # a second batch axis (:data:`_POINT_BATCH`)
+    processor_masks: str  # diffusers: "get_attention_scores", "prepare_attention_mask" or "as_is"
+
+
+@functools.lru_cache(maxsize=256)
+def read_sources(sources: tuple[tuple[str, str], ...]) -> SourceFacts:
+    """The facts of :func:`forward_sources`' text: conventions and calls ask at every call of a layer."""
+    text = "\n".join(source for _, source in sources)
+    return SourceFacts(
+        other_operator=next((what for pattern, what in _OTHER_OPERATORS if pattern.search(text)), ""),
+        exact_mask=next((layout for pattern, layout in _EXACT_MASK if pattern.search(text)), None),
+        points=bool(_POINT_BATCH.search(text)),
+        processor_masks="get_attention_scores" if "get_attention_scores" in text
+        else "prepare_attention_mask" if "prepare_attention_mask" in text else "as_is")
