@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib.metadata
 import io
 import os
 import tempfile
@@ -285,15 +286,13 @@ def export_onnx(
             if heads == 1:  # the head axis stays 1: onnxruntime validation then feeds shared masks only
                 next(i for i in proto.graph.input if i.name == "mask").type.tensor_type.shape.dim[1].dim_value = 1
         proto = refresh_shapes(proto)
-        from mha_verify import __version__
-
         set_metadata(proto, {
             "d_model": str(bound.d_model), "n_head": str(bound.n_head),
             "mask_convention": MASK_CONVENTION if has_mask else NO_MASK_CONVENTION,
             "fully_masked": bound.conventions.fully_masked, "conventions": bound.conventions.describe(),
             "causal": str(bound.conventions.causal).lower(),
             "exporter": exporter, "opset": str(opset),
-            "dtype": dtype_name(dtype), "torch_version": torch.__version__, "mha_verify_version": __version__,
+            "dtype": dtype_name(dtype), "torch_version": torch.__version__, "mha_verify_version": _our_version(),
             "target": target_spec or f"{type(bound.module).__module__}.{type(bound.module).__qualname__}",
             "onnx_attention_op": str(any(n.op_type == "Attention" for n in proto.graph.node)).lower(),
             **extra,
@@ -321,3 +320,11 @@ __all__ = [
     "model_label",
     "session_warnings",
 ]
+
+
+def _our_version() -> str:
+    """The installed mha-verify's version, read from its metadata (the CLI layer above holds it too)."""
+    try:
+        return importlib.metadata.version("mha-verify")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"

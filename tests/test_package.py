@@ -6,15 +6,14 @@ import importlib.metadata
 import importlib.resources
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
 import mha_verify
-
-SUBPACKAGES = ("mha", "properties", "export")
-ROOT = Path(__file__).resolve().parent.parent
+from tests.source_modules import ROOT, source_modules, unlisted_packages
 
 
 def test_the_installed_version_is_mha_verify_version() -> None:
@@ -25,21 +24,50 @@ def test_installed_package_is_typed() -> None:
     assert importlib.resources.files("mha_verify").joinpath("py.typed").is_file(), "mha_verify ships no py.typed"
 
 
+def test_every_folder_of_python_files_is_a_listed_package() -> None:
+    """pyproject lists packages by hand: a new subpackage left off the list would be left out of the
+    wheel, and its importers would fail only where the package is installed."""
+    assert not unlisted_packages(), unlisted_packages()
+
+
+def _wheel_modules(wheel: Path) -> list[str]:
+    names = zipfile.ZipFile(wheel).namelist()
+    return [n.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for n in names if n.endswith(".py")]
+
+
 @pytest.mark.deep
 @pytest.mark.slow
-def test_the_wheel_ships_py_typed_and_the_version(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+def test_the_wheel_and_the_sdist_hold_every_module_once(tmp_path: Path) -> None:
+    """The sdist holds each source file once, as a plain file (no links); the wheel built from that
+    sdist (as pip builds one) and the wheel built from the tree each hold every module once, under
+    mha_verify only, with py.typed and the version."""
+    expected = sorted(source_modules())
+    proc = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                           "print(b.build_sdist(sys.argv[1]))", str(tmp_path / "sdist")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    (wheel,) = tmp_path.glob("mha_verify-*.whl")
-    assert wheel.name.startswith(f"mha_verify-{mha_verify.__version__}-"), wheel.name
-    names = set(zipfile.ZipFile(wheel).namelist())
-    assert "mha_verify/py.typed" in names
-    # the folders mha/, properties/, export/ install inside mha_verify, never at the top level
-    tops = {n.split("/")[0] for n in names if not n.startswith("mha_verify-")}
-    assert tops == {"mha_verify"}, tops
-    for sub in SUBPACKAGES:
-        assert f"mha_verify/{sub}/__init__.py" in names, f"mha_verify.{sub} missing from the wheel"
+    (sdist,) = (tmp_path / "sdist").glob("mha_verify-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = tar.getmembers()
+        links = [m.name for m in members if m.issym() or m.islnk()]
+        assert not links, f"the sdist carries links: {links}"
+        names = [m.name.split("/", 1)[1] for m in members if m.isfile()]
+        assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+        missing = sorted(str(p.relative_to(ROOT)) for p in source_modules().values()
+                         if str(p.relative_to(ROOT)) not in names)
+        assert not missing, f"source files missing from the sdist: {missing}"
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    for source, out in ((ROOT, tmp_path / "tree"), (unpacked, tmp_path / "from_sdist")):
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                               "-w", str(out), str(source)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        (wheel,) = out.glob("mha_verify-*.whl")
+        assert wheel.name.startswith(f"mha_verify-{mha_verify.__version__}-"), wheel.name
+        modules = _wheel_modules(wheel)
+        assert sorted(modules) == expected, (sorted(set(expected) - set(modules)), sorted(set(modules) - set(expected)))
+        assert len(modules) == len(set(modules))
+        assert "mha_verify/py.typed" in zipfile.ZipFile(wheel).namelist()
 
 
 @pytest.mark.deep

@@ -1,0 +1,13 @@
+"""Adapters: how a foreign attention layer is called and where its weights are.
+
+Public API: subclass :class:`Adapter` (or a builtin one) and :func:`register` it; the registry
+(``registry``) is tried in order, with the structural adapters (``structural``, ``projections``)
+last. The other modules read what a layer states: its call signature (``signature``), its
+forward's source (``forward_source``, ``library_facts``), its attributes (``layer_attrs``), its
+rotary and QK-norms (``rotary_reading``, ``qk_norm``), and how to build it (``construction``).
+"""
+
+from mha_verify.properties.adapters.base import Adapter
+from mha_verify.properties.adapters.registry import register
+
+__all__ = ["Adapter", "register"]

@@ -11,7 +11,8 @@ from torch import nn
 
 from mha_verify.mha.scoring import PositionBias
 
-#: attributes where layers keep their dropout (Seed-OSS applies ``residual_dropout`` to its attention output inside the layer)
+#: attributes where layers keep their dropout (Seed-OSS applies ``residual_dropout`` to its output
+#: inside the layer)
 DROPOUT_ATTRS = ("dropout", "attn_dropout", "dropout_p", "attention_dropout", "attn_pdrop", "residual_dropout")
 #: attributes where layers keep the softmax scale they apply: HF's ``self.scaling`` (passed to
 #: every attention implementation), diffusers' and timm's ``self.scale``

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from mha_verify import __version__
+from mha_verify import VERSION_RULE, __version__
 from mha_verify.arg_types import finite_positive, positive_int, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Without a subcommand, runs `check` on the reference.",
         epilog="Exit codes: 0 pass, 1 a check failed, 2 usage or input error.",
     )
-    parser.add_argument("--version", action="version", version=f"mha-verify {__version__}")
+    parser.add_argument("--version", action="version", version=f"mha-verify {__version__} ({VERSION_RULE})")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     add_check_parser(sub)
     lp = sub.add_parser("list", help="list the properties, relations and adapters, and what each states")
