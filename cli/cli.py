@@ -242,10 +242,15 @@ def run_list(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def with_subcommand(argv: list[str]) -> list[str]:
+    """The arguments the parser reads: ``mha-verify [check options]`` is ``mha-verify check ...``."""
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
-        argv = ["check", *argv]
+        return ["check", *argv]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = with_subcommand(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()  # only it may set handlers

@@ -1,4 +1,4 @@
-"""The exit codes of every ``mha-verify`` subcommand, in one place (the README's "Exit codes")."""
+"""The exit codes of every ``mha-verify`` subcommand, in one place (the README's "Exit codes" lists them)."""
 
 EXIT_OK = 0  # every check passed (or was declared, warned or not applicable, with at least one pass)
 EXIT_FAIL = 1  # a check failed, or nothing was verified

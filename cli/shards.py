@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: seconds per task of ``mha-verify --report`` on the reference, ci profile, 2 workers, this
-#: project's 2-core CI machine (see the README's "Shards" section for the command)
+#: project's 2-core CI machine (docs/past-one-machine.md for the command)
 EXPECTED_SECONDS: dict[str, float] = {
     "lk_equals_lv": 1.1, "rows_sum_to_one": 1.3, "determinism": 1.4, "finite_large_inputs": 1.6,
     "dropout_off_in_eval": 2.0, "no_future_leak": 1.6, "prefix_consistency": 1.2, "grad_agreement": 6.8,
