@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import os
 import re
 import shlex
 import subprocess
@@ -233,8 +234,8 @@ def test_each_command_names_what_exists(command: Command) -> None:
     checked = [_check_static(words, quick, command.text) for words in _parts(command.text)]
     assert checked, f"{command.where}: nothing to check in {command.text!r}"
     if any(_kind(w) == "ruff" for w in _parts(command.text)):
-        proc = subprocess.run(_env_prefix(next(w for w in _parts(command.text) if _kind(w) == "ruff")),
-                              cwd=ROOT, capture_output=True, text=True, timeout=300)
+        ruff = _env_prefix(next(w for w in _parts(command.text) if _kind(w) == "ruff"))
+        proc = subprocess.run([*ruff, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -260,10 +261,14 @@ def test_each_command_runs(command: Command, tmp_path: Path) -> None:
     block = [c for c in RUNNABLE if c.where.split(":")[0] == command.where.split(":")[0]]
     needs = [c for c in block[:block.index(command)]
              if any(f.replace("/tmp/", f"{tmp_path}/") in text for f in re.findall(r"/tmp/[\w.-]+", c.text))]
+    # nothing is written into the repository: no bytecode beside the targets it imports
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     for earlier in needs:
-        subprocess.run(["bash", "-c", earlier.text.replace("/tmp/", f"{tmp_path}/")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
-    proc = subprocess.run(["bash", "-c", text], cwd=ROOT, capture_output=True, text=True, timeout=900)
+        made = subprocess.run(["bash", "-c", earlier.text.replace("/tmp/", f"{tmp_path}/")], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert made.returncode == _expected_exit(earlier.text), (
+            f"{earlier.where}, which {command.where} needs, exited {made.returncode}\n{made.stderr[-3000:]}")
+    proc = subprocess.run(["bash", "-c", text], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == _expected_exit(command.text), (
         f"{command.where}: {command.text!r} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
