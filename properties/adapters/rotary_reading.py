@@ -162,9 +162,6 @@ def rotary_layout(module: nn.Module, base: float) -> tuple[tuple[bool, bool] | N
     return read
 
 
-__all__ = ["LAYOUTS", "cos_sin_batched", "rotary_layout"]
-
-
 def rotary_of(config: object, layer_type: str | None = None) -> tuple[Rotary | None, str]:
     """(the rotary embeddings an HF config describes, how we know) or (None, why not).
 
@@ -253,3 +250,7 @@ def identity_rotary(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch
     B, L = x.shape[0], x.shape[1]
     return (torch.ones(B, L, head_dim, dtype=x.dtype, device=x.device),
             torch.zeros(B, L, head_dim, dtype=x.dtype, device=x.device))
+
+
+__all__ = ["LAYOUTS", "cos_sin_batched", "identity_rotary", "library_rotary", "position_embeddings",
+           "rotary_cos_sin", "rotary_layout", "rotary_of"]

@@ -28,25 +28,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.masks import additive_mask, causal_keep, forms_within
-from mha_verify.properties.adapters.forward_source import detect_causal, forward_sources, own_causal_mask
-from mha_verify.properties.adapters.layer_attrs import (
-    dropout_attrs,
-    has_dropout,
-    layer_position_bias,
-    layer_scale,
-    layer_softcap,
-    layer_type_of,
-    returns_weights,
-    set_all_dropout,
-)
 from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
-from mha_verify.properties.adapters.rotary_reading import (
-    identity_rotary,
-    library_rotary,
-    position_embeddings,
-    rotary_cos_sin,
-    rotary_of,
-)
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))
@@ -186,27 +168,3 @@ def first_output(out: Any) -> torch.Tensor:
 def is_same_input(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     return q is k is v or (q.shape == k.shape == v.shape and bool(torch.equal(q, k)) and bool(torch.equal(k, v)))
 
-
-__all__ = [
-    "MaskFormat",
-    "Signature",
-    "detect_causal",
-    "dropout_attrs",
-    "first_output",
-    "forward_sources",
-    "has_dropout",
-    "identity_rotary",
-    "is_same_input",
-    "layer_position_bias",
-    "layer_scale",
-    "layer_softcap",
-    "layer_type_of",
-    "library_rotary",
-    "own_causal_mask",
-    "position_embeddings",
-    "read_signature",
-    "returns_weights",
-    "rotary_cos_sin",
-    "rotary_of",
-    "set_all_dropout",
-]
