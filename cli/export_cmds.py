@@ -32,7 +32,8 @@ def format_results(results: Sequence[CheckResult]) -> str:
     """The CLI's text report: a table per stage, each failure in full, a summary line."""
     from mha_verify import report_text
 
-    return "\n".join((report_text.table(results), report_text.failures(results), report_text.summary(results)))
+    return "\n".join((report_text.table(results), report_text.failures(results), report_text.findings(results),
+                      report_text.summary(results)))
 
 
 def _providers(text: str) -> list[str]:

@@ -19,6 +19,9 @@ def print_results(results: Sequence[CheckResult]) -> None:
 
     print(printable(report_text.table(results)))
     print(printable(report_text.failures(results)))
+    found = report_text.findings(results)
+    if found:
+        print(printable(found))
     print(printable(report_text.summary(results)))
 
 
@@ -60,7 +63,7 @@ def write_all(writers: Mapping[str, Any], documents: Mapping[str, bytes]) -> lis
 
 def exit_code(results: Sequence[CheckResult]) -> int:
     """1 if a check failed or none was verified (said on stderr: that is never a pass), else 0."""
-    if not any(r.verdict in ("pass", "declared") for r in results):
+    if not any(r.verdict in ("pass", "declared", "finding") for r in results):
         print("mha-verify: nothing was verified: no check passed (every one failed, warned or was not "
               "applicable); this is not a pass", file=sys.stderr)
         return EXIT_FAIL

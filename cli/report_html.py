@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from mha_verify.properties.engine.results import CheckResult
 from mha_verify.report_groups import as_float, group_failures, not_finite
 
-_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "n/a": "#757575"}
+_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "finding": "#1565c0",
+            "n/a": "#757575"}
 # histogram bins: exactly 0, (0, 1e-5), [1e-5, 1e-4), ..., [1e-1, 1], then over 1, inf or NaN (a failure)
 _BINS = ["0", "<1e-5", "1e-5", "1e-4", "1e-3", "1e-2", "1e-1", ">1"]
 _FAIL_BIN = len(_BINS) - 1
@@ -106,9 +107,10 @@ def _by_how_much(r: CheckResult) -> str:
 def _summary(results: Sequence[CheckResult]) -> str:
     e = html.escape
     groups = group_failures(results)
+    found = _findings(results)
     if not groups:
         n = sum(r.verdict != "n/a" for r in results)
-        return f'<section id=summary class="box ok"><h2>All {n} applicable checks held.</h2></section>'
+        return f'<section id=summary class="box ok"><h2>All {n} applicable checks held.</h2>{found}</section>'
     items = []
     for r, same in groups:
         rows = [f"<tr><th>by how much</th><td class=amount>{_by_how_much(r)}</td></tr>",
@@ -123,7 +125,21 @@ def _summary(results: Sequence[CheckResult]) -> str:
                         f"same cause as {e(r.name)} (each in full below)</td></tr>")
         items.append(f'<div class=failure><h3><span class=x>FAIL</span> {e(r.stage)}/{e(r.name)}</h3>'
                      f"<table class=facts>{''.join(rows)}</table></div>")
-    return f"<section id=summary class=\"box bad\">{''.join(items)}</section>"
+    return f"<section id=summary class=\"box bad\">{''.join(items)}{found}</section>"
+
+
+def _findings(results: Sequence[CheckResult]) -> str:
+    """The findings that are not failures, each with its kind, said once."""
+    e = html.escape
+    seen: dict[tuple[str, str], list[str]] = {}
+    for r in results:
+        if r.kind_label and r.reason:
+            seen.setdefault((r.kind_label, r.reason), []).append(r.name)
+    if not seen:
+        return ""
+    items = "".join(f"<li><b>{e(label)}</b> ({e(', '.join(names))}): {e(reason)}</li>"
+                    for (label, reason), names in seen.items())
+    return f"<h3>Findings that are not failures</h3><ul class=findings>{items}</ul>"
 
 
 def _details(results: Sequence[CheckResult]) -> str:
@@ -154,7 +170,8 @@ def document(results: Sequence[CheckResult], *, target: str, profile: str, versi
     for r in results:
         rows.append(
             f'<tr><td>{e(r.stage)}</td><td>{e(r.name)}</td><td class=num>{r.examples}</td>'
-            f'<td style="color:{_COLOURS[r.verdict]};font-weight:bold">{e(r.verdict)}</td>'
+            f'<td style="color:{_COLOURS[r.verdict]};font-weight:bold">{e(r.verdict)}'
+            f'{"<br><small>" + e(r.kind_label) + "</small>" if r.kind_label else ""}</td>'
             f'<td class=num>{_num(r.worst_error)}</td><td class=num>{_num(r.allowed)}</td>'
             f'<td>{_histogram(_ratios(r))}</td><td class=note>{e(r.reason or "")}</td></tr>'
         )

@@ -9,7 +9,7 @@ from importlib import metadata
 from typing import Any
 
 from mha_verify import __version__
-from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.engine.results import KINDS, VERDICTS, CheckResult
 
 
 def versions() -> dict[str, str]:
@@ -35,7 +35,8 @@ def providers() -> list[str]:
 def document(results: Sequence[CheckResult], *, target: str, profile: str, seed: int | None,
              shard: dict[str, Any] | None = None) -> dict[str, Any]:
     """The report; ``shard`` (a part of a sharded run, see :mod:`mha_verify.merge`) is kept as given."""
-    verdicts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "warn", "declared", "n/a")}
+    verdicts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
+    kinds = {k: sum(r.kind == k for r in results) for k in KINDS}
     out: dict[str, Any] = {
         "tool": "mha-verify",
         "target": target,
@@ -43,6 +44,7 @@ def document(results: Sequence[CheckResult], *, target: str, profile: str, seed:
         "seed": seed,
         "verdict": "fail" if verdicts["fail"] else "pass",
         "counts": verdicts,
+        "kinds": kinds,
         "versions": versions(),
         "providers": providers(),
         "results": [r.to_json() for r in results],

@@ -10,7 +10,8 @@ from mha_verify.properties.engine.results import CheckResult
 
 
 def document(results: Sequence[CheckResult], *, target: str) -> bytes:
-    """n/a checks are <skipped> with their reason; failures carry the counterexample and replay.
+    """n/a checks are <skipped> with their reason; failures carry the counterexample and replay; a
+    finding (or an n/a for one) carries its kind as a testcase property, and its reason in system-out.
 
     Every string passes through :func:`~mha_verify.escape.printable`: an exception message with
     ANSI colours once made the whole file unparseable."""
@@ -25,6 +26,10 @@ def document(results: Sequence[CheckResult], *, target: str) -> bytes:
         for r in rows:
             case = ET.SubElement(suite, "testcase", classname=f"mha_verify.{stage}", name=printable(r.name),
                                  time=f"{r.seconds:.3f}")
+            if r.kind is not None:
+                props = ET.SubElement(case, "properties")
+                ET.SubElement(props, "property", name="verdict", value=r.verdict)
+                ET.SubElement(props, "property", name="kind", value=r.kind_label or r.kind)
             if r.failed:
                 failure = ET.SubElement(case, "failure", message=printable((r.reason or "failed")[:500]),
                                         type="Violation")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.engine.results import KINDS, VERDICTS, CheckResult
 from mha_verify.report_groups import group_failures
 
-_MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "n/a": "n/a"}
+_MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "finding": "finding", "n/a": "n/a"}
 
 
 def _num(x: float | None) -> str:
@@ -29,9 +29,27 @@ def table(results: Iterable[CheckResult]) -> str:
                 f"  {r.name:<{width}}  {r.examples:>8}  {_MARK[r.verdict]:<8}  {_num(r.worst_error):>11}  "
                 f"{_num(r.allowed):>9}  {r.seconds:>6.1f}"
             )
-            if r.verdict in ("n/a", "warn", "declared") and r.reason:
+            if r.kind is not None:  # said in full once, under FINDING
+                lines.append(f"  {'':<{width}}  -> {r.kind_label}: see the finding below")
+            elif r.verdict in ("n/a", "warn", "declared") and r.reason:
                 lines.append(f"  {'':<{width}}  -> {r.reason}")
     return "\n".join(lines)
+
+
+def findings(results: Iterable[CheckResult]) -> str:
+    """What is true of the layer and is not a failure, by kind, each said once: a precision policy,
+    a defect inherited from a function it calls, behaviour its library leaves unspecified, an
+    argument it takes and ignores. Never hidden, never counted as a failure."""
+    by_kind: dict[str, dict[str, list[str]]] = {}
+    for r in results:
+        if r.kind is not None and r.reason:
+            by_kind.setdefault(r.kind_label or r.kind, {}).setdefault(r.reason, []).append(r.name)
+    out: list[str] = []
+    for label, reasons in by_kind.items():
+        for reason, names in reasons.items():
+            out.append(f"\nFINDING ({label}), not a failure: {', '.join(names)}")
+            out.append(f"  {reason}")
+    return "\n".join(out)
 
 
 def failures(results: Iterable[CheckResult]) -> str:
@@ -59,8 +77,10 @@ def failures(results: Iterable[CheckResult]) -> str:
 
 
 def summary(results: Iterable[CheckResult]) -> str:
-    """'N passed, N failed' and the other verdicts' counts, on one line."""
+    """'N passed, N failed' and the other verdicts' counts, on one line; findings by kind."""
     rows = list(results)
-    count = {v: sum(r.verdict == v for r in rows) for v in ("pass", "fail", "warn", "declared", "n/a")}
+    count = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
+    kinds = {label: sum(r.kind == kind for r in rows) for kind, label in KINDS.items()}
+    found = "".join(f", {n} {label}" for label, n in kinds.items() if n)
     return (f"{count['pass']} passed, {count['fail']} failed, {count['warn']} warned, "
-            f"{count['declared']} declared, {count['n/a']} not applicable")
+            f"{count['declared']} declared, {count['finding']} findings, {count['n/a']} not applicable{found}")

@@ -37,6 +37,7 @@ from typing import Any
 
 from mha_verify.export.atomic import AtomicWriter
 from mha_verify.isolation import describe_exit
+from mha_verify.properties.engine.results import KINDS
 from mha_verify.shards import Shard
 from mha_verify.sweep_classes import Found, find_classes
 from mha_verify.sweep_rows import STATUSES, Row, cause_of, totals
@@ -302,11 +303,16 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
         if r.get("verdict") == "fail":
             causes.setdefault(cause_of(str(r.get("reason") or r.get("counterexample") or "")), []).append(
                 str(r.get("name")))
+    findings: dict[str, list[str]] = {}
+    for r in results:
+        kind = KINDS.get(str(r.get("kind")))
+        if kind is not None:
+            findings.setdefault(f"{kind}: {cause_of(str(r.get('reason') or ''))}", []).append(str(r.get("name")))
     verified = sum(1 for r in results if r.get("verdict") != "n/a" and (r.get("examples") or 0) > 0)
     status = "nothing verified" if verified == 0 else "passed" if proc.returncode == 0 else "failed"
     return {"status": status, "reason": "no check compared an example" if verified == 0 else "",
             "counts": {k: int(v) for k, v in doc.get("counts", {}).items()}, "verified": verified,
-            "causes": causes, "check_seconds": seconds}
+            "causes": causes, "findings": findings, "check_seconds": seconds}
 
 
 def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from mha_verify.properties.engine.results import KINDS
+
 #: statuses of a row; "passed" and "failed" are the gate's verdicts on a built class
 STATUSES = ("not built", "wrapper", "hung while built", "crashed while built", "built", "passed", "failed",
             "nothing verified", "check timed out", "check crashed", "check usage error")
@@ -27,8 +29,23 @@ class Row:
     verified: int = 0
     #: failure cause (its reason, numbers masked) -> the failing checks
     causes: dict[str, list[str]] = field(default_factory=dict)
+    #: findings that are not failures: "kind: reason" (numbers masked) -> the checks that gave it
+    findings: dict[str, list[str]] = field(default_factory=dict)
     build_seconds: float = 0.0
     check_seconds: float = 0.0
+
+    @property
+    def verdict_kind(self) -> str:
+        """What the class is, by its worst verdict: "FAIL", the first kind of finding it has (in the
+        order of :data:`KIND_ORDER`), "passed", or its status (not built, crashed...)."""
+        if self.status != "passed":
+            return "FAIL" if self.status == "failed" else self.status or "not run"
+        kinds = {key.split(":", 1)[0] for key in self.findings}
+        return next((k for k in KIND_ORDER if k in kinds), "passed")
+
+
+#: the kinds of finding, in the order a class is grouped by (its first)
+KIND_ORDER = tuple(KINDS.values())
 
 
 _NUMBER = re.compile(r"(?<![A-Za-z0-9_.])[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?")
@@ -42,9 +59,12 @@ def cause_of(reason: str) -> str:
 
 def totals(rows: list[Row]) -> dict[str, int]:
     """The sweep's counts: found, built (with no user code), verified (a check compared an
-    example), passed, failed, and each other status."""
+    example), failed (a FAIL), each kind of finding (classes that passed, with a finding of that
+    kind first), passed (with no finding), and each other status."""
     count = {s: sum(r.status == s for r in rows) for s in STATUSES}
     built = sum(r.status not in (*UNBUILT, "") for r in rows)
+    kinds = {k: sum(r.verdict_kind == k for r in rows) for k in KIND_ORDER}
     return {"found": len(rows), "built": built, "verified": sum(r.verified > 0 for r in rows),
-            "passed": count["passed"], "failed": count["failed"],
+            "failed": count["failed"], **{k: n for k, n in kinds.items() if n},
+            "passed": count["passed"] - sum(kinds.values()),
             **{s: n for s, n in count.items() if s not in ("passed", "failed", "built") and n}}

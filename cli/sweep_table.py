@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mha_verify.escape import printable
-from mha_verify.sweep_rows import Row, cause_of
+from mha_verify.sweep_rows import KIND_ORDER, Row, cause_of
 
 
 def _cell(text: str, limit: int = 240) -> str:
@@ -19,14 +19,15 @@ def _verdicts(row: Row) -> str:
     if not row.counts:
         return ""
     c = row.counts
-    return f"{c.get('pass', 0)} passed, {c.get('fail', 0)} failed, {c.get('n/a', 0)} n/a" + (
-        f", {c['warn']} warned" if c.get("warn") else "") + (f", {c['declared']} declared" if c.get("declared") else "")
+    more = "".join(f", {c[key]} {word}" for key, word in (("warn", "warned"), ("declared", "declared"),
+                                                        ("finding", "findings")) if c.get(key))
+    return f"{c.get('pass', 0)} passed, {c.get('fail', 0)} failed, {c.get('n/a', 0)} n/a{more}"
 
 
 def _what(row: Row) -> str:
-    if row.causes:
-        return "; ".join(f"{', '.join(checks)}: {cause}" for cause, checks in row.causes.items())
-    return row.reason or row.built_as
+    parts = [f"{', '.join(checks)}: {cause}" for cause, checks in row.causes.items()]
+    parts += [f"{', '.join(checks)}: {finding}" for finding, checks in row.findings.items()]
+    return "; ".join(parts) if parts else row.reason or row.built_as
 
 
 def _generic(row: Row) -> str:
@@ -56,15 +57,27 @@ def markdown(rows: list[Row], totals: dict[str, int], context: dict[str, str], c
         lines += ["## Failure causes (classes)", "", "| classes | cause |", "|---|---|"]
         lines += [f"| {n} | {_cell(cause)} |" for cause, n in causes.most_common()]
         lines.append("")
+    found: Counter[str] = Counter()
+    for row in rows:
+        for finding in row.findings:
+            found[finding] += 1
+    if found:
+        lines += ["## Findings that are not failures, by kind (classes)", "",
+                  "| classes | kind: what | checks |", "|---|---|---|"]
+        checks = {f: sorted({c for row in rows for c in row.findings.get(f, [])}) for f in found}
+        lines += [f"| {n} | {_cell(f)} | {_cell(', '.join(checks[f]), 120)} |" for f, n in found.most_common()]
+        lines.append("")
     reasons = Counter(_cell(_generic(r), 160) for r in rows if r.status == "not built")
     if reasons:
         lines += ["## Why classes were not built (classes)", "", "| classes | reason |", "|---|---|"]
         lines += [f"| {n} | {reason} |" for reason, n in reasons.most_common()]
         lines.append("")
-    lines += ["## Classes", "", "| class | status | verdicts | built as, failures or reason | seconds |",
+    lines += ["## Classes, by verdict kind", "",
+              "| class | verdict kind | verdicts | built as, failures, findings or reason | seconds |",
               "|---|---|---|---|---|"]
-    for row in rows:
+    order = {k: i for i, k in enumerate(("FAIL", *KIND_ORDER, "passed"))}
+    for row in sorted(rows, key=lambda r: order.get(r.verdict_kind, len(order))):  # stable: file order within
         seconds = row.build_seconds + row.check_seconds
         lines.append(f"| `{_cell(row.spec.rpartition(':')[2] + ' (' + row.spec.rpartition(':')[0] + ')')}` | "
-                     f"{row.status or 'not run'} | {_verdicts(row)} | {_cell(_what(row))} | {seconds:.0f} |")
+                     f"{row.verdict_kind} | {_verdicts(row)} | {_cell(_what(row))} | {seconds:.0f} |")
     return "\n".join(lines) + "\n"

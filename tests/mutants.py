@@ -103,6 +103,27 @@ class ScoresInFloat16(_Explicit):
         return (torch.matmul(qh.half(), kh.half().transpose(-2, -1)) * self.scale).to(qh.dtype)
 
 
+class SoftmaxInFloat16(_Explicit):
+    """softmax taken in float16 and cast back ("downcast to save memory"): for float32 inputs the
+    weights keep float16's 1e-3, a defect in the dtype the layer works in. Twin of SoftmaxInFloat32."""
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        has_key = score.amax(dim=-1, keepdim=True) > float("-inf")
+        weights = torch.softmax(score.masked_fill(~has_key, 0.0), dim=-1, dtype=torch.float16).to(score.dtype)
+        return weights.masked_fill(~has_key, 0.0)
+
+
+class SoftmaxInFloat32(_Explicit):
+    """softmax taken in float32 and cast back (HF's "upcast attention to fp32"): exact for float32
+    inputs and below; float64 inputs are computed at float32 precision there. Not a mutant: a
+    precision policy, which the gate must report as one and not fail (tests/test_precision.py)."""
+
+    def normalize(self, score: torch.Tensor) -> torch.Tensor:
+        has_key = score.amax(dim=-1, keepdim=True) > float("-inf")
+        weights = torch.softmax(score.masked_fill(~has_key, 0.0), dim=-1, dtype=torch.float32).to(score.dtype)
+        return weights.masked_fill(~has_key, 0.0)
+
+
 class NoMaxSubtraction(_Explicit):
     """softmax as exp(s) / sum(exp(s)): overflows to inf/inf = NaN for scores above ~88."""
 
@@ -435,6 +456,7 @@ CATALOG: dict[str, tuple[type[MultiHeadAttention], str]] = {
     "mask_polarity_inverted": (MaskPolarityInverted, "masked_kv_invariance"),
     "weights_ignore_mask": (WeightsIgnoreMask, "mask_zeroes_weights"),
     "scores_in_float16": (ScoresInFloat16, "oracle_agreement"),
+    "softmax_in_float16": (SoftmaxInFloat16, "oracle_agreement"),
     "no_max_subtraction": (NoMaxSubtraction, "finite_large_inputs"),
     "keys_from_values": (KeysFromValues, "oracle_agreement"),
     "nan_on_fully_masked_rows": (NaNOnFullyMaskedRows, "fully_masked_rows"),

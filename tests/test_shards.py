@@ -211,7 +211,7 @@ def test_sweep_parts_merge_into_one_table(tmp_path: Path) -> None:
     assert got.returncode == 1, got.stderr  # a class failed
     doc = json.loads((tmp_path / "all" / "sweep.json").read_text())
     assert [r["spec"] for r in doc["rows"]] == specs and doc["totals"]["failed"] == 1
-    assert "| `B (l.b)` | failed |" in (tmp_path / "all" / "sweep.md").read_text()
+    assert "| `B (l.b)` | FAIL |" in (tmp_path / "all" / "sweep.md").read_text()
     lost = cli("merge", parts[0], "--out", str(tmp_path / "half"))
     assert lost.returncode == 2 and "shards 2/2 are missing" in lost.stderr
     mixed = cli("merge", parts[0], *_write(tmp_path, {"c.json": WHOLE["1.json"]}), "--out", str(tmp_path / "x"))

@@ -7,7 +7,21 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-VERDICTS = ("pass", "fail", "warn", "declared", "n/a")
+VERDICTS = ("pass", "fail", "warn", "declared", "finding", "n/a")
+
+#: what a finding that is not a failure is, as a maintainer of the layer's library would read it:
+#: each decided from evidence the harness measured or read from the layer's code, never from a name
+KINDS: dict[str, str] = {
+    # float64 inputs computed through a float32 (or lower) step the library chose: a float64
+    # check's premise does not hold; the layer is still held in the dtypes it works in
+    "precision_policy": "precision policy",
+    # the defect is in a function the layer calls with what it was given (torch's SDPA), shown
+    "inherited": "inherited",
+    # behaviour its library declares don't-care (HF's fully masked padding rows); finite is still required
+    "unspecified": "unspecified by its library",
+    # an argument its forward takes and, by its own source, does not use
+    "ignored": "argument accepted and ignored",
+}
 
 
 @dataclass
@@ -16,8 +30,11 @@ class CheckResult:
 
     verdict: "pass"; "fail"; "warn" (passed, with a remark such as an exception type that is
     not ValueError/TypeError); "declared" (the target documents another convention, e.g.
-    NaN on fully masked rows, and behaved as it declared); "n/a" (cannot apply to this
-    target: ``reason`` says why; never counted as passed).
+    NaN on fully masked rows, and behaved as it declared); "finding" (true, and not a defect under
+    the layer's own contract: ``kind`` says what it is, ``reason`` the evidence); "n/a" (cannot
+    apply to this target: ``reason`` says why; never counted as passed).
+    kind: a key of :data:`KINDS` for a finding (required) or an n/a whose cause is one (a float64
+    gradcheck of a layer that computes float64 at float32 is n/a by its precision policy); None else.
     worst_error / allowed: the largest error seen and the tolerance allowed at that example.
     """
 
@@ -32,10 +49,21 @@ class CheckResult:
     replay: str | None = None
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got verdict={self.verdict!r}")
+        if self.kind is not None and self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {sorted(KINDS)} or None, got kind={self.kind!r}")
+        if (self.verdict == "finding") != (self.kind is not None) and self.verdict != "n/a":
+            raise ValueError(f"a finding needs a kind and only a finding or n/a has one: verdict={self.verdict!r}, "
+                             f"kind={self.kind!r}")
+
+    @property
+    def kind_label(self) -> str | None:
+        """The kind in words ("precision policy", "unspecified by its library"...), or None."""
+        return None if self.kind is None else KINDS[self.kind]
 
     @property
     def failed(self) -> bool:
@@ -84,11 +112,12 @@ class CheckResult:
         err = "" if self.worst_error is None else f", worst error {self.worst_error:.3g}"
         tol = "" if self.allowed is None else f" (allowed {self.allowed:.3g})"
         why = f": {self.reason}" if self.reason else ""
-        return f"{self.stage}/{self.name}: {self.verdict} after {self.examples} examples{err}{tol}{why}"
+        kind = f" ({self.kind_label})" if self.kind else ""
+        return f"{self.stage}/{self.name}: {self.verdict}{kind} after {self.examples} examples{err}{tol}{why}"
 
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "stage": (str,), "verdict": (str,), "examples": (int,), "worst_error": (float, type(None)),
     "allowed": (float, type(None)), "seconds": (float,), "counterexample": (str, type(None)),
-    "replay": (str, type(None)), "reason": (str, type(None)), "details": (dict,),
+    "replay": (str, type(None)), "reason": (str, type(None)), "details": (dict,), "kind": (str, type(None)),
 }

@@ -28,6 +28,7 @@ from mha_verify.mha.reference import multi_head
 from mha_verify.properties.engine.call_path import Checked, weights_if_any
 from mha_verify.properties.engine.keyed_database import keyed
 from mha_verify.properties.engine.measure import Measure, Violation
+from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
 from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.protocol import Conventions, NotApplicable, Subject, TargetError
@@ -202,6 +203,11 @@ def run_property(
     start = time.perf_counter()
     conv = target.build(*target.probe_sizes, dtype=prop.dtype if dtype is None else dtype).conventions
     run_dtype = effective_dtype(prop, conv, dtype)
+    if run_dtype == torch.float64 and prop.dtype == torch.float64 and conv.dtype is None:
+        policy = precision_policy(prop, target, conv)
+        if policy is not None:
+            policy.seconds = time.perf_counter() - start
+            return policy
 
     def evaluate(ex: AttnExample) -> Measure:
         s = ex.sizes
@@ -213,6 +219,28 @@ def run_property(
     if ex is not None:
         result.details["heatmap"] = heatmap(target, ex, run_dtype)
     return result
+
+
+def precision_policy(prop: Property, target: Subject, conv: Conventions) -> CheckResult | None:
+    """n/a for a float64 property, with the finding, where ``target`` computes float64 inputs at a
+    lower precision that explains its error (:mod:`~mha_verify.properties.engine.precision`); None
+    where it computes in float64, or where the reading could not be taken (the property then runs,
+    and says what the target raised)."""
+    try:
+        reading = read_precision(target)
+    except (Exception, SystemExit):  # the property's own run reports what the target does
+        return None
+    if not reading.policy:
+        return None
+    held = ("its gradients are held by grad_agreement in the dtypes it works in" if conv.grads
+            else "it takes no gradients")
+    return CheckResult(prop.name, "properties", "n/a", kind="precision_policy",
+                       reason=f"{reading.finding()}. A float64 {prop.name} would measure that rounding, not the layer; "
+                              f"{held}",
+                       worst_error=reading.error, allowed=reading.allowed64,
+                       details={"conventions": conv.describe(), "precision": {
+                           "dtype": reading.dtype, "error": reading.error, "allowed_float64": reading.allowed64,
+                           "allowed_low": reading.allowed_low, "steps": [s.describe() for s in reading.steps]}})
 
 
 def run_relation(
