@@ -67,7 +67,9 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update-baseline", action="store_true", help="with --baseline: overwrite it with this run")
     p.add_argument("--baseline-despite-failures", action="store_true",
                    help="with --baseline: write it even when a check failed (failed checks keep their old entry)")
-    p.add_argument("--bundle-dir", metavar="DIR", default=None, help="write reproduction bundles of export failures")
+    p.add_argument("--bundle-dir", metavar="DIR", default=None,
+                   help="write a reproduction bundle of each failure: a standalone replay.py (torch and the "
+                   "layer's library only) for a layer's failing check, the ONNX model and inputs for an export's")
     p.add_argument("--timeout", type=positive_int, default=None,
                    help="seconds per check before it counts as hung (default: 60, or 0.6 per example if more)")
     p.add_argument("--no-isolation", action="store_true",
@@ -175,7 +177,8 @@ def run_check(args: argparse.Namespace) -> int:
                   database=args.database)
     examples = args.max_examples or profiles.PROFILES[profile].max_examples
     tasks = [Task(p.name, "properties", "property_check", dict(
-        common, name=p.name, seed=args.seed, dtype=args.dtype, replay=_replay_command(args, p.name)),
+        common, name=p.name, seed=args.seed, dtype=args.dtype, replay=_replay_command(args, p.name),
+        bundle_dir=args.bundle_dir),
         examples=examples) for p in props]
     if not args.no_export and names is None:  # one task per exporter, so that they can run side by side
         tasks += [Task(f"export-{exporter}", "export", "export_checks",

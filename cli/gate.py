@@ -3,12 +3,19 @@ by mha_verify.isolation, or in-process), and the Hypothesis settings they share.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hypothesis import settings as Settings
 
 from mha_verify.properties.engine import profiles
 from mha_verify.properties.engine.databases import open_database
 from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.targets.eager import load_target
+
+if TYPE_CHECKING:
+    import torch
+
+    from mha_verify.properties.strategies.examples import AttnExample
 
 
 def make_settings(profile: str, *, max_examples: int | None = None, database: str | None = None) -> Settings:
@@ -38,8 +45,9 @@ def seed_for(profile: str, seed: int | None, database: str | None) -> int | None
 
 def property_check(*, target_spec: str | None, adapter: str | None, name: str, profile: str, max_examples: int | None,
                    database: str | None, seed: int | None, replay: str | None,
-                   dtype: str = "float32") -> list[CheckResult]:
-    """One property against the target, in ``dtype`` ("float32", "float16" or "bfloat16")."""
+                   dtype: str = "float32", bundle_dir: str | None = None) -> list[CheckResult]:
+    """One property against the target, in ``dtype`` ("float32", "float16" or "bfloat16"); a
+    failure's reproduction bundle under ``bundle_dir`` (:mod:`mha_verify.eager_bundle`)."""
     import torch
 
     from mha_verify.properties.engine.runner import run_property
@@ -47,8 +55,19 @@ def property_check(*, target_spec: str | None, adapter: str | None, name: str, p
 
     settings = make_settings(profile, max_examples=max_examples, database=database)
     target = load_target(target_spec, adapter=adapter)
+
+    def bundle(result: CheckResult, ex: AttnExample, run_dtype: torch.dtype) -> str:
+        from mha_verify.eager_bundle import write_eager_bundle
+
+        assert bundle_dir is not None
+        try:
+            return write_eager_bundle(bundle_dir, target, result, ex, run_dtype)
+        except Exception as exc:  # the check's verdict stands; the report says the bundle is missing
+            return f"no bundle: writing it raised {type(exc).__name__}: {exc}"
+
     return [run_property(all_properties()[name], target, settings=settings,
-                         seed=seed_for(profile, seed, database), replay=replay, dtype=getattr(torch, dtype))]
+                         seed=seed_for(profile, seed, database), replay=replay, dtype=getattr(torch, dtype),
+                         on_failure=bundle if bundle_dir else None)]
 
 
 def search_round(*, target_spec: str | None, adapter: str | None, name: str, max_examples: int, database: str,

@@ -82,5 +82,6 @@ def summary(results: Iterable[CheckResult]) -> str:
     count = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
     kinds = {label: sum(r.kind == kind for r in rows) for kind, label in KINDS.items()}
     found = "".join(f", {n} {label}" for label, n in kinds.items() if n)
+    findings = f"{count['finding']} finding{'' if count['finding'] == 1 else 's'}"
     return (f"{count['pass']} passed, {count['fail']} failed, {count['warn']} warned, "
-            f"{count['declared']} declared, {count['finding']} findings, {count['n/a']} not applicable{found}")
+            f"{count['declared']} declared, {findings}, {count['n/a']} not applicable{found}")

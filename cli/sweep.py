@@ -264,8 +264,9 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
     reports = opts.out / "reports"
     report = reports / (re.sub(r"[^A-Za-z0-9_.-]", "_", row.spec) + ".json")
     report.unlink(missing_ok=True)
+    bundles = opts.out / "bundles" / report.stem  # a standalone replay of each failure (mha_verify.eager_bundle)
     cmd = [sys.executable, "-m", "mha_verify.cli", "check", "--target", row.spec, "--profile", opts.profile,
-           "--jobs", "1", "--report", str(report), "--no-export"]
+           "--jobs", "1", "--report", str(report), "--no-export", "--bundle-dir", str(bundles)]
     if opts.max_examples is not None:
         cmd += ["--max-examples", str(opts.max_examples)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -308,11 +309,12 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
         kind = KINDS.get(str(r.get("kind")))
         if kind is not None:
             findings.setdefault(f"{kind}: {cause_of(str(r.get('reason') or ''))}", []).append(str(r.get("name")))
+    written = sorted(str(p.relative_to(opts.out)) for p in bundles.glob("*/replay.py")) if bundles.is_dir() else []
     verified = sum(1 for r in results if r.get("verdict") != "n/a" and (r.get("examples") or 0) > 0)
     status = "nothing verified" if verified == 0 else "passed" if proc.returncode == 0 else "failed"
     return {"status": status, "reason": "no check compared an example" if verified == 0 else "",
             "counts": {k: int(v) for k, v in doc.get("counts", {}).items()}, "verified": verified,
-            "causes": causes, "findings": findings, "check_seconds": seconds}
+            "causes": causes, "findings": findings, "bundles": written, "check_seconds": seconds}
 
 
 def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str,

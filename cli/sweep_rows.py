@@ -31,6 +31,8 @@ class Row:
     causes: dict[str, list[str]] = field(default_factory=dict)
     #: findings that are not failures: "kind: reason" (numbers masked) -> the checks that gave it
     findings: dict[str, list[str]] = field(default_factory=dict)
+    #: reproduction bundles of its failures, relative to the sweep's folder (``bundles/...``)
+    bundles: list[str] = field(default_factory=list)
     build_seconds: float = 0.0
     check_seconds: float = 0.0
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
+from urllib.parse import quote
 
 from mha_verify.escape import printable
 from mha_verify.sweep_rows import KIND_ORDER, Row, cause_of
@@ -20,7 +22,8 @@ def _verdicts(row: Row) -> str:
         return ""
     c = row.counts
     more = "".join(f", {c[key]} {word}" for key, word in (("warn", "warned"), ("declared", "declared"),
-                                                        ("finding", "findings")) if c.get(key))
+                                                        ("finding", "finding" if c.get("finding") == 1 else "findings"))
+                   if c.get(key))
     return f"{c.get('pass', 0)} passed, {c.get('fail', 0)} failed, {c.get('n/a', 0)} n/a{more}"
 
 
@@ -28,6 +31,12 @@ def _what(row: Row) -> str:
     parts = [f"{', '.join(checks)}: {cause}" for cause, checks in row.causes.items()]
     parts += [f"{', '.join(checks)}: {finding}" for finding, checks in row.findings.items()]
     return "; ".join(parts) if parts else row.reason or row.built_as
+
+
+def _bundles(row: Row) -> str:
+    """Links to the row's reproduction bundles (each folder's replay.py), or ""."""
+    links = [f"[{Path(b).parent.name}]({quote(b)})" for b in row.bundles]
+    return " bundles: " + ", ".join(links) if links else ""
 
 
 def _generic(row: Row) -> str:
@@ -79,5 +88,5 @@ def markdown(rows: list[Row], totals: dict[str, int], context: dict[str, str], c
     for row in sorted(rows, key=lambda r: order.get(r.verdict_kind, len(order))):  # stable: file order within
         seconds = row.build_seconds + row.check_seconds
         lines.append(f"| `{_cell(row.spec.rpartition(':')[2] + ' (' + row.spec.rpartition(':')[0] + ')')}` | "
-                     f"{row.verdict_kind} | {_verdicts(row)} | {_cell(_what(row))} | {seconds:.0f} |")
+                     f"{row.verdict_kind} | {_verdicts(row)} | {_cell(_what(row))}{_bundles(row)} | {seconds:.0f} |")
     return "\n".join(lines) + "\n"

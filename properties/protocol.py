@@ -62,6 +62,12 @@ class Conventions:
         that mask with finfo.min compute), "uniform_visible" (over the keys the layer's own causal
         mask of finfo.min leaves) or "nan" (e.g. torch.nn.MultiheadAttention); declared or read
         from the layer's structure, never inferred from outputs.
+    rows_unspecified: why the layer's library leaves the values of a fully masked row unspecified
+        (don't-care: the row is a padding query), read from the recognition tables; None where the
+        contract's value is owed. Such rows must still be finite (NaN x 0 is NaN downstream); a value
+        other than ``fully_masked`` is then a finding "unspecified by its library", not a failure.
+    mask_ignored: where the forward takes a mask argument that its own source says it does not use,
+        those words (``mask`` is then empty): the mask properties are n/a of kind "ignored".
     causal: the target applies a causal mask itself (query i sees keys j <= i).
     grads: gradients can be taken through it (False for an onnxruntime session).
     dropout: it has a dropout probability the harness can set (False: none, or not settable).
@@ -97,6 +103,8 @@ class Conventions:
     kv_shared: bool = False
     weights: bool = False
     fully_masked: str = "zeros"
+    rows_unspecified: str | None = None
+    mask_ignored: str | None = None
     causal: bool = False
     grads: bool = True
     dropout: bool = True
@@ -151,7 +159,8 @@ class Conventions:
                                    else f" ({', '.join(sorted(self.mask_forms))})"),
                  ("cross-attention, keys = values (one argument)" if self.kv_shared else "cross-attention")
                  if self.cross_attention else "self-attention",
-                 f"fully masked rows -> {self.fully_masked}"]
+                 f"fully masked rows -> {self.fully_masked}" + (" (unspecified by its library)"
+                                                                if self.rows_unspecified else "")]
         if self.causal:
             parts.append("causal")
         if self.kv_heads:
@@ -169,6 +178,10 @@ class Conventions:
         if fixed:
             parts.append(f"fixed {', '.join(fixed)}")
         return "; ".join(parts + list(self.notes))
+
+
+#: why a property about masks cannot apply to a target that takes none (its strategies return it)
+NO_MASK = "the target's forward takes no mask"
 
 
 def _subset(allowed: tuple[str, ...]) -> Callable[[object], frozenset[str]]:

@@ -194,6 +194,28 @@ class Construction:
                              f"{k.out_features} features, v_proj {v.out_features}")
         return module
 
+    def recipe(self, d_model: int, n_head: int) -> dict[str, object]:
+        """How :meth:`build` builds at (d_model, n_head), as JSON data: the class (module and name),
+        positional ``args`` or keyword ``kwargs``, and a ``config`` built from its class's defaults
+        with the fields ``set`` (and ``attn_implementation``), or a ``namespace`` of fields. A
+        standalone replay builds the same layer from it without this project."""
+        where = {"module": self.cls.__module__, "class": self.cls.__qualname__}
+        if self.positional:
+            return {**where, "args": [d_model, n_head]}
+        size = sizes_of(d_model, n_head, self.grouped)
+        recipe: dict[str, object] = {**where, "kwargs": {name: size[role] for name, role in self.roles}}
+        if self.config is not None:
+            name, config_cls = self.config
+            if config_cls is None:
+                recipe["config"] = {"param": name, "namespace": dict(vars(config_for(d_model, n_head)))}
+            else:
+                config = library_config(config_cls, d_model, n_head, self.grouped, supports_sdpa(self.cls))
+                fields = [f for f in CONFIG_ROLES if hasattr(config, f)] + list(CONFIG_ALWAYS)
+                recipe["config"] = {"param": name, "module": config_cls.__module__, "class": config_cls.__qualname__,
+                                    "set": {f: getattr(config, f) for f in dict.fromkeys(fields)},
+                                    "attn_implementation": getattr(config, "_attn_implementation", None)}
+        return recipe
+
     def describe(self, d_model: int, n_head: int) -> str:
         """The call, in words: ``LlamaAttention(config=LlamaConfig(...sizes...), layer_idx=0)``."""
         if self.positional:

@@ -51,6 +51,29 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
 
 
+def rows_unspecified(module: nn.Module) -> str | None:
+    """Why ``module``'s library leaves fully masked rows unspecified
+    (:data:`recognition.UNSPECIFIED_ROWS`), or None."""
+    return recognition.UNSPECIFIED_ROWS.get(library_of(module))
+
+
+#: a parameter's own comment saying its forward does not use it ("# Not used but kept for signature
+#: matching", "# unused", "# ignored"), on the line that declares it
+_IGNORED_NOTE = re.compile(r"#[^\n]*\b(not used|unused|ignored)\b", re.IGNORECASE)
+
+
+def argument_ignored(module: nn.Module, name: str) -> str | None:
+    """The forward's own words where the line declaring parameter ``name`` says it is not used
+    (PP-OCR recognizers' ``attention_mask: ... = None,  # Not used but kept for signature
+    matching``), quoted with where it is; None where no such comment is there."""
+    declared = re.compile(rf"^\s*{re.escape(name)}\s*[:=,)]")
+    for where, source in forward_sources(module):
+        for line in source.splitlines():
+            if declared.match(line) and _IGNORED_NOTE.search(line):
+                return f"its source declares it so, in {where}: `{line.strip()}`"
+    return None
+
+
 def always_masked(module: nn.Module) -> str:
     """Why ``module`` is called with an all-keep mask where an example has none, or "".
 
@@ -69,9 +92,9 @@ def always_masked(module: nn.Module) -> str:
             "where an example has none, as its model always passes one")
 
 
-#: a forward that reads a second batch axis from its inputs (SAM's ``batch_size, point_batch_size =
-#: query.shape[:2]``): called with inputs (B, 1, L, D)
-_POINT_BATCH = re.compile(r"point_batch_size\s*=\s*\w+\.shape\[:2\]")
+#: a forward that reads a second batch axis from its inputs (SAM 2's ``batch_size, point_batch_size =
+#: query.shape[:2]``, SAM's ``point_batch_size = query.shape[1]``): called with inputs (B, 1, L, D)
+_POINT_BATCH = re.compile(r"point_batch_size\s*=\s*\w+\.shape\[(:2|1)\]")
 
 
 def takes_points(module: nn.Module) -> bool:

@@ -144,6 +144,15 @@ LIBRARY_FORMATS: dict[tuple[str, str | None], LibraryFormat] = {
         "diffusers: a processor that hands attention_mask to attention as is (no prepare_attention_mask), as SDPA "
         "takes it at rank 4 (a 2-D mask is key padding (B, Lk) to its dispatch)"),
 }
+#: libraries that leave the values of a fully masked query row unspecified, with the evidence. A
+#: fully masked row is a padding query; what it gives never reaches a kept position's output.
+UNSPECIFIED_ROWS: dict[str, str] = {
+    "transformers": (
+        "transformers treats a fully masked query row (a padding query) as don't-care: its SDPA masks un-masked "
+        "such rows to avoid NaN, which 'does not change the final result' (sdpa_mask's allow_torch_fix in 4.x, "
+        "from huggingface/transformers#26572: 'we modify it only for pad tokens'), so what such a row gives differs "
+        "between its mask paths by design"),
+}
 UNKNOWN_LIBRARY = LibraryFormat(
     MaskFormat("keep"), "zeros", "mask convention: SDPA's default for a layer we do not know (bool True = keep)")
 

@@ -61,9 +61,11 @@ from mha_verify.properties.adapters.layer_attrs import (
 )
 from mha_verify.properties.adapters.library_facts import (
     always_masked,
+    argument_ignored,
     library_format,
     library_of,
     read_sources,
+    rows_unspecified,
     takes_points,
 )
 from mha_verify.properties.adapters.qk_norm import qk_norms
@@ -112,7 +114,10 @@ class StructuralAdapter(Adapter):
         if fully_masked == "uniform" and causal and own_causal_mask(module):
             # ImageGPT's where(causal, scores, finfo.min) plus a finfo.min mask: -inf on future keys
             fully_masked = "uniform_visible"
-        has_mask = sig.mask is not None
+        ignored = argument_ignored(module, sig.mask) if sig.mask is not None else None
+        # a mask its own source says it does not use (PP-OCR's image recognizers): called without
+        # one; the mask properties are n/a with that kind, quoting the line
+        has_mask = sig.mask is not None and ignored is None
         # keys = values through one argument (``key_value_states``, ``encoder_hidden_states``):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
@@ -150,6 +155,8 @@ class StructuralAdapter(Adapter):
             kv_shared=shared and sig.key is None,
             weights=returns_weights(module),
             fully_masked=fully_masked,
+            rows_unspecified=rows_unspecified(module) if has_mask else None,
+            mask_ignored=None if ignored is None else f"{sig.mask} is accepted and not used: {ignored}",
             causal=causal,
             dropout=has_dropout(module),
             scale=scale,
@@ -165,7 +172,8 @@ class StructuralAdapter(Adapter):
             notes=(f"adapter {self.name}", how,
                    *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note,
                                  always_masked(module) if has_mask else "") if n),
-                   (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"),
+                   (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
+                   + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),
         )
         return declared_conventions(module, found)
 

@@ -9,7 +9,7 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.masks import MASK_FORMS, causal_keep, full_keep
-from mha_verify.properties.protocol import Conventions
+from mha_verify.properties.protocol import NO_MASK, Conventions
 from mha_verify.properties.strategies.examples import AttnExample, attention_examples
 from mha_verify.properties.strategies.masks import MASK_KINDS, MaskSpec, mask_specs
 from mha_verify.properties.strategies.size_cases import Sizes, sizes
@@ -76,7 +76,7 @@ def examples_for(
     conventions = _mask_conventions(conv, removal=need_mask or not large_negatives)
     if not conventions:
         if need_mask:
-            return "the target's forward takes no mask"
+            return NO_MASK
         kinds = ("none",)
     elif need_mask:
         kinds = tuple(k for k in kinds if k != "none")

@@ -23,7 +23,9 @@ class Measure:
     key, a permutation of one position, a tolerance that is not finite): it is not a pass and
     is not counted. ``declared`` marks an example where the target behaved as it declared
     rather than as the contract says (e.g. NaN on fully masked rows); ``remark`` carries a
-    warning.
+    warning; ``finding`` is (kind, evidence) for what is true and not a defect under the layer's
+    own contract (a key of :data:`~mha_verify.properties.engine.results.KINDS`: torch's SDPA
+    accepting what the layer passed through is "inherited").
     """
 
     error: float = 0.0
@@ -31,6 +33,7 @@ class Measure:
     declared: bool = False
     remark: str | None = None
     checked: bool = True
+    finding: tuple[str, str] | None = None
 
 
 UNCHECKED = Measure(checked=False)

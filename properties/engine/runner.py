@@ -31,7 +31,7 @@ from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
 from mha_verify.properties.engine.results import CheckResult
-from mha_verify.properties.protocol import Conventions, NotApplicable, Subject, TargetError
+from mha_verify.properties.protocol import NO_MASK, Conventions, NotApplicable, Subject, TargetError
 from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.strategies.size_cases import boundary_cases, forced_size_case, modest_size_cases
 
@@ -52,6 +52,7 @@ class _Stats:
     worst: Measure = field(default_factory=Measure)
     declared: bool = False
     remarks: list[str] = field(default_factory=list)
+    findings: dict[str, str] = field(default_factory=dict)  # kind -> the first example's evidence
     failure: str | None = None
     failing_example: AttnExample | None = None
     failing_ratio: float | str | None = None
@@ -183,6 +184,8 @@ def _check_example(evaluate: Callable[[AttnExample], Measure], stats: _Stats, ex
     stats.checked += 1
     stats.ratios.append(_json_ratio(_ratio(measure)))
     stats.declared |= measure.declared
+    if measure.finding is not None:
+        stats.findings.setdefault(*measure.finding)
     if measure.remark and len(stats.remarks) < 3 and measure.remark.split(":")[0] not in {
             r.split(":")[0] for r in stats.remarks}:
         stats.remarks.append(measure.remark)  # one of each kind: the first example's words
@@ -193,12 +196,15 @@ def _check_example(evaluate: Callable[[AttnExample], Measure], stats: _Stats, ex
 def run_property(
     prop: Property, target: Subject, *, settings: Settings, seed: int | None = None,
     replay: str | None = None, dtype: torch.dtype | None = None, observer: Observer | None = None,
+    on_failure: Callable[[CheckResult, AttnExample, torch.dtype], str] | None = None,
 ) -> CheckResult:
     """Run one property against ``target`` under ``settings``; never raises for target failures.
 
     Whether the property applies is decided before the run, from the target's conventions.
     Only examples that compared something count; a property that checked fewer than
-    :func:`check_floor` examples is a warning with the reason. ``observer`` sees every example.
+    :func:`check_floor` examples is a warning with the reason. ``observer`` sees every example;
+    ``on_failure`` gets a failure's counterexample and dtype (a reproduction bundle's writer), and
+    what it says is kept in ``details["bundle"]``.
     """
     start = time.perf_counter()
     conv = target.build(*target.probe_sizes, dtype=prop.dtype if dtype is None else dtype).conventions
@@ -218,6 +224,8 @@ def run_property(
                          replay=replay, start=start)
     if ex is not None:
         result.details["heatmap"] = heatmap(target, ex, run_dtype)
+        if on_failure is not None:
+            result.details["bundle"] = on_failure(result, ex, run_dtype)
     return result
 
 
@@ -277,7 +285,10 @@ def _search(
     with contextlib.nullcontext() if reach == "full" else modest_size_cases():
         strategy = reason or strategy_fn(run_conv)
     if isinstance(strategy, str):
-        return CheckResult(name, "properties", "n/a", reason=strategy, seconds=time.perf_counter() - start,
+        ignored = strategy == NO_MASK and conv.mask_ignored is not None  # its source says it does not use one
+        why = f"{strategy}: {conv.mask_ignored}" if ignored else strategy
+        return CheckResult(name, "properties", "n/a", reason=why, kind="ignored" if ignored else None,
+                           seconds=time.perf_counter() - start,
                            details={"conventions": conventions}), None
     stats = _Stats()
 
@@ -360,6 +371,10 @@ def _search(
         why = "; ".join(f"{w} ({n}x)" for w, n in stats.unchecked_why.items())
         return verdict("warn", f"checked something on only {stats.checked} of {drawn} examples "
                                f"(floor {floor}){': ' + why if why else ''}"), None
+    if stats.findings:  # true, and not a defect under the layer's contract: said with its kind, never a pass
+        kind, evidence = next(iter(stats.findings.items()))
+        remarks = f" (also: {'; '.join(stats.remarks)})" if stats.remarks else ""
+        return verdict("finding", evidence + remarks, kind=kind), None
     if stats.remarks:
         reason = "; ".join(stats.remarks)
         if stats.declared:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from mha_verify.properties.engine.applicable import examples_for, fully_masked
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
 from mha_verify.properties.engine.registry import invariant
+from mha_verify.properties.engine.sdpa_calls import UPSTREAM, SdpaCalls, passed_through
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 from mha_verify.properties.strategies.examples import AttnExample, make_example
 
@@ -32,8 +33,10 @@ def lk_equals_lv(bound: Instance, ex: AttnExample) -> Measure:
     lk = ex.sizes.lk
     lv = lk + 1 if lk == 1 or ex.seed % 2 == 0 else lk - 1
     v = torch.cat([ex.v, ex.v], dim=1)[:, :lv]
+    sdpa = SdpaCalls()
     try:
-        out = bound(ex.q, ex.k, v, None)
+        with sdpa:
+            out = bound(ex.q, ex.k, v, None)
     except (ValueError, TypeError) as exc:
         if str(lk) in str(exc) and str(lv) in str(exc):
             return Measure()
@@ -43,6 +46,13 @@ def lk_equals_lv(bound: Instance, ex: AttnExample) -> Measure:
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:160]
         return Measure(remark=f"raised {type(exc).__name__}, not ValueError/TypeError: {first}")
+    call = passed_through(sdpa.calls, lk, lv)
+    if call is not None:  # torch's SDPA accepted the lengths the layer was given: the defect is torch's
+        return Measure(finding=("inherited", (
+            f"Lk={lk}, Lv={lv} returned a tensor of shape {tuple(out.shape)} instead of raising, because the layer "
+            f"passes them through to torch's SDPA and {call.describe()} returned (torch {torch.__version__}). "
+            f"SDPA documents one length S for key and value and does not check it on CPU: {UPSTREAM}. "
+            "The layer adds no check of its own")))
     raise Violation(f"Lk={lk}, Lv={lv} returned a tensor of shape {tuple(out.shape)}, but should raise")
 
 

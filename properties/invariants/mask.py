@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ from mha_verify.properties.engine.measure import (
     worst,
 )
 from mha_verify.properties.engine.registry import StrategyFn, invariant
-from mha_verify.properties.protocol import Conventions, Instance
+from mha_verify.properties.protocol import NO_MASK, Conventions, Instance
 from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.strategies.masks import build_keep
 
@@ -150,7 +152,7 @@ def masked_grad_zero(bound: Instance, ex: AttnExample) -> Measure:
 
 def _fully_masked_examples(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.mask:
-        return "the target's forward takes no mask"
+        return NO_MASK
     # bypass examples_for's filter for targets declaring NaN/uniform: these rows are the point here
     return examples_for(dataclasses.replace(conv, fully_masked="zeros"),
                         kinds=("fully_masked_rows", "fully_masked_item"), need_mask=True)
@@ -166,7 +168,8 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
     A target that declares another convention is "declared" when it does exactly that: NaN
     on those rows, or "uniform" (weights 1/Lk over every key, as masking with finfo.min gives) or
     "uniform_visible" (over the keys the layer's own causal or window mask leaves), held against
-    the float64 formula with that convention.
+    the float64 formula with that convention. Where its library leaves such rows unspecified
+    (``rows_unspecified``), they must still be finite; another value is a finding of that kind.
     """
     conv = bound.conventions
     masked = fully_masked(ex, conv.causal)  # (B, H, Lq)
@@ -181,6 +184,16 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
     d = ex.sizes.d_model
     expected = torch.zeros(d, dtype=ex.q.dtype) if b_o is None else b_o.detach().to(ex.q.dtype)
     seen: dict[str, str] = {}
+    unspecified: list[str] = []  # values its library leaves unspecified that differ from its convention
+
+    def held(check: Callable[[], object]) -> None:
+        try:
+            check()
+        except Violation as exc:
+            if conv.rows_unspecified is None:
+                raise
+            unspecified.append(str(exc))
+
     for path, out in outs.items():
         if bool(torch.isnan(out[affected]).all()) and bool(torch.isfinite(out[~affected]).all()):
             seen[path] = "NaN"
@@ -192,19 +205,22 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
                             "should be finite")
         if conv.fully_masked in ("uniform", "uniform_visible"):
             ref, _, same = oracle(bound, ex)
-            ensure(compare(out[affected], ref[affected], same[affected], ex.q.dtype),
-                   f"{path} of fully masked rows vs the declared uniform weights (float64)")
+            held(partial(ensure, compare(out[affected], ref[affected], same[affected], ex.q.dtype),
+                         f"{path} of fully masked rows vs the declared uniform weights (float64)"))
             seen[path] = conv.fully_masked
             continue
         scale = float(expected.abs().max()) if expected.numel() else 0.0
-        close(out[all_masked], expected.expand_as(out[all_masked]), 1e-6 * (1.0 + scale),
-              f"{path} of a fully masked row vs w_o(0) = b_o")
+        held(partial(close, out[all_masked], expected.expand_as(out[all_masked]), 1e-6 * (1.0 + scale),
+                     f"{path} of a fully masked row vs w_o(0) = b_o"))
         seen[path] = "b_o"
     declared = {"nan": "NaN", "uniform": "uniform", "uniform_visible": "uniform_visible"}.get(conv.fully_masked)
     undeclared = [p for p, v in seen.items() if v == "NaN" and declared != "NaN"]
     if undeclared:
         raise Violation(f"{', '.join(undeclared)} gives NaN on fully masked rows; should give "
                         f"{'w_o(0) = b_o' if declared is None else 'the declared ' + conv.fully_masked}")
+    if unspecified:  # finite, as required; the values are the library's to choose
+        return Measure(finding=("unspecified", f"fully masked rows are finite, and {unspecified[0]}. "
+                                               f"{conv.rows_unspecified}"))
     remark = None
     if len(set(seen.values())) > 1:
         remark = "the paths disagree on fully masked rows: " + ", ".join(f"{p} gives {v}" for p, v in seen.items())
@@ -213,7 +229,7 @@ def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
 
 def _both_conventions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.mask:
-        return "the target takes no mask"
+        return NO_MASK
     if conv.mask != frozenset({"bool", "float"}):
         return (f"the target takes only {'/'.join(sorted(conv.mask))} masks: "
                 "the adapter would convert, so this would test the adapter")
@@ -240,7 +256,7 @@ _BROADCAST_FORMS = ("11LL", "B1LL", "BHLL", "LL")
 
 def _broadcastable(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.mask:
-        return "the target's forward takes no mask"
+        return NO_MASK
     if len([f for f in _BROADCAST_FORMS if f in conv.mask_forms]) < 2:
         return f"the target accepts only the mask shapes {', '.join(sorted(conv.mask_forms))}: nothing to compare"
     return examples_for(conv, kinds=_MASKED_KINDS, need_mask=True)

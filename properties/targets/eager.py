@@ -128,6 +128,9 @@ class Target:
     _adapters: dict[type, Adapter] = field(default_factory=dict, repr=False, compare=False)
     #: how a class was built, in words (``construction.Construction.describe``); "" for a factory
     built_as: str = ""
+    #: how a class is built, as a plan that also gives it as data (a standalone replay's recipe);
+    #: None for a factory
+    plan: construction.Construction | None = field(default=None, repr=False, compare=False)
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -212,6 +215,7 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
     spec = spec or DEFAULT_SPEC
     obj = load_attr(spec)
     built_as = ""
+    plan = None
     if inspect.isclass(obj):
         if not issubclass(obj, nn.Module):
             raise TargetError(f"{spec} is a class but not a torch.nn.Module subclass")
@@ -221,7 +225,7 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
         factory = obj
     else:
         raise TargetError(f"{spec} is a {type(obj).__name__}, not an nn.Module class or a factory")
-    target = Target(spec, factory, adapter, built_as=built_as)
+    target = Target(spec, factory, adapter, built_as=built_as, plan=plan)
     try:  # fail now, as a usage error, rather than inside every property
         bound = target.build(*PROBE_SIZES)
         bound.conventions  # noqa: B018 -- a declaration with an unknown key raises here
