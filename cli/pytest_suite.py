@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 from mha_verify.properties.engine import profiles
@@ -20,6 +22,14 @@ def test_mha_property(name: str, mha_target: Target, request: pytest.FixtureRequ
     settings = profiles.PROFILES[profiles.profile_name(request.config.getoption("--mha-profile"))]
     result = run_property(all_properties()[name], mha_target, settings=settings)
     if result.verdict == "n/a":
-        pytest.skip(f"not applicable: {result.reason}")
+        kind = f" ({result.kind_label})" if result.kind else ""
+        pytest.skip(f"not applicable{kind}: {result.reason}")
     if result.failed:
         pytest.fail(f"{result}\ncounterexample: {result.counterexample}", pytrace=False)
+    if result.verdict == "finding":  # passes, and is said: in pytest's warnings summary
+        said = f"{name}: finding ({result.kind_label}), not a failure: {result.reason}"
+        warnings.warn(MhaFinding(said), stacklevel=1)
+
+
+class MhaFinding(UserWarning):
+    """A true finding that is not a defect under the layer's contract (its kind in the message)."""

@@ -32,6 +32,19 @@ def test_plugin_runs_properties_against_a_user_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_plugin_passes_a_finding_and_says_it_with_its_kind(tmp_path: Path) -> None:
+    shutil.copy(FIXTURES / "sdpa_layers.py", tmp_path / "attn.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mha-target", "attn.py:SdpaAttention",
+         "--mha-profile", "quick", "-k", "lk_equals_lv"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out  # torch's SDPA takes Lk != Lv: inherited, not the layer's failure
+    assert "1 passed" in out and "MhaFinding: lk_equals_lv: finding (inherited), not a failure" in out, out
+
+
+@pytest.mark.slow
 def test_plugin_rejects_a_bad_target(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mha-target", "nope:X"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
