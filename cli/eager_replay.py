@@ -93,7 +93,11 @@ def first_tensor(out):
 
 
 def shown(value):
-    return f"{tuple(value.shape)}" if isinstance(value, torch.Tensor) else repr(value)
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)}"
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(shown(v) for v in value) + ")"
+    return repr(value)
 
 
 try:
