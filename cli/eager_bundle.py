@@ -102,6 +102,12 @@ def write_eager_bundle(directory: str | Path, target: Target, result: CheckResul
         mode, allowed = "raises", 0.0
         expected = f"a tensor of shape {(s.batch, s.lq, s.d_model)} (the layer's output for these inputs)"
         cause = f"{type(raised).__name__}: {(str(raised).strip().splitlines() or [''])[0][:300]}"
+    elif isinstance(out, torch.Tensor) and out.shape != (s.batch, s.lq, s.d_model):  # the output contract's breach
+        ref, _, _ = oracle(bound, ex)
+        mode, allowed = "differs", 0.0
+        tensors["expected"] = ref.detach().double().clone()
+        expected = f"the float64 oracle's output {tuple(ref.shape)} with the layer's weights"
+        cause = f"output shape {tuple(out.shape)}, but should be (B, Lq, D) = {tuple(ref.shape)}"
     else:
         assert isinstance(out, torch.Tensor)
         ref, _, same = oracle(bound, ex)

@@ -88,6 +88,14 @@ def test_a_call_that_raises_replays_as_raising(tmp_path: Path) -> None:
     assert got.returncode == 1 and "actual: raised RuntimeError" in got.stdout, got.stdout + got.stderr
 
 
+def test_an_output_of_the_wrong_shape_replays_as_differing(tmp_path: Path) -> None:
+    result = _failed("tests.fixtures.kind_layers:KeysViewedLikeEsm", "oracle_agreement", tmp_path)
+    (folder,) = tmp_path.iterdir()
+    assert "exited 1, showing the bug" in str(result.details["bundle"]), result.details["bundle"]
+    got = _replay(folder)
+    assert got.returncode == 1 and "actual:" in got.stdout, got.stdout + got.stderr
+
+
 def test_a_failure_no_single_call_shows_gets_no_bundle_and_says_why(tmp_path: Path) -> None:
     result = _failed("tests.mutants:ValuesDetached", "grad_agreement", tmp_path)
     assert str(result.details["bundle"]).startswith("no bundle: the layer's plain call on the counterexample agrees")
