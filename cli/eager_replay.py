@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*([.][A-Za-z_][A-Za-z0-9_]*)*")
+CONFIGS = ("PretrainedConfig", "PreTrainedConfig")  # the library configs the harness builds layers with
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
 here = Path(__file__).resolve().parent
 
@@ -34,6 +35,14 @@ def named(module, name):
     found = importlib.import_module(module)
     for attr in name.split("."):
         found = getattr(found, attr)
+    return found
+
+
+def a_class(found, bases, what):
+    """``found`` if it is a class with one of ``bases`` (by name) in its MRO: the bundle calls
+    nothing else (a hostile bundle.json naming os.system would otherwise run it)."""
+    if not isinstance(found, type) or not any(b.__name__ in bases for b in found.__mro__):
+        raise ValueError(f"bundle.json: the {what} {found!r} is not a subclass of {' or '.join(bases)}")
     return found
 
 
@@ -64,13 +73,16 @@ def setup():
         if "namespace" in config:
             made = types.SimpleNamespace(**{str(k): scalar(v) for k, v in config["namespace"].items()})
         else:
-            made = named(config["module"], config["class"])()
+            made = a_class(named(config["module"], config["class"]), CONFIGS, "config")()
             for field, value in config["set"].items():
                 setattr(made, str(field), scalar(value))
             if config.get("attn_implementation") is not None:
                 made._attn_implementation = str(config["attn_implementation"])
         kwargs[str(config["param"])] = made
-    layer = named(build["module"], build["class"])(*[scalar(a) for a in build.get("args", [])], **kwargs)
+    layer_class = a_class(named(build["module"], build["class"]), ("Module",), "layer")
+    if not issubclass(layer_class, torch.nn.Module):
+        raise ValueError(f"bundle.json: the layer {layer_class!r} is not a torch.nn.Module")
+    layer = layer_class(*[scalar(a) for a in build.get("args", [])], **kwargs)
     layer = layer.to(DTYPES[bundle["dtype"]])
     layer.load_state_dict({k[len("weights/"):]: v for k, v in tensors.items() if k.startswith("weights/")},
                           strict=True)

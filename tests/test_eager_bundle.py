@@ -113,3 +113,15 @@ def test_a_hostile_bundle_runs_nothing_and_exits_2(softmax_bundle: tuple[CheckRe
     got = _replay(folder)
     assert got.returncode == 2 and "is not a dotted Python name" in got.stderr, got.stdout + got.stderr
     assert not marker.exists()
+
+
+def test_a_bundle_naming_a_callable_that_is_no_layer_runs_nothing(softmax_bundle: tuple[CheckResult, Path],
+                                                                 tmp_path: Path) -> None:
+    folder = _copy(softmax_bundle[1], tmp_path)
+    marker = tmp_path / "pwned"
+    bundle = json.loads((folder / "bundle.json").read_text())
+    bundle["build"] = {"module": "os", "class": "system", "args": [f"touch {marker}"]}
+    (folder / "bundle.json").write_text(json.dumps(bundle))
+    got = _replay(folder)
+    assert got.returncode == 2 and "is not a subclass of Module" in got.stderr, got.stdout + got.stderr
+    assert not marker.exists()
