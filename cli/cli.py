@@ -130,7 +130,7 @@ def run_check(args: argparse.Namespace) -> int:
     if not args.no_isolation:
         from mha_verify.isolation import start_server
 
-        start_server()
+        start_server(args.target)
     from mha_verify import baseline, gate_outputs, shards
     from mha_verify.export.atomic import AtomicWriter
     from mha_verify.export.opsets import EXPORTERS

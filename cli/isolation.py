@@ -56,6 +56,19 @@ from mha_verify.tasks import Task
 
 PRELOAD = ["torch", "mha_verify.gate"]  # imported once by the fork server, inherited by each worker
 
+#: the modules of a library that every layer of it imports, imported by the fork server as well
+#: when the target is in that library: else the probe and every worker import them again (about
+#: 2.5 s each for transformers' modeling_utils on this 2-core machine, twice per class of a
+#: sweep). Only these, never the target's own module: the server's children inherit whatever it
+#: did at import, and a module that runs a parallel torch op there would start the thread pool
+#: that deadlocks them (see above). These import without running a torch op (transformers 5.24,
+#: diffusers 0.42; `tests/test_isolation.py` checks that a worker forked after them still runs
+#: parallel ops). A library that is not installed is skipped.
+LIBRARY_PRELOAD: dict[str, tuple[str, ...]] = {
+    "transformers": ("transformers.modeling_utils",),
+    "diffusers": ("diffusers.models.attention_processor",),
+}
+
 #: a task that runs Hypothesis examples gets TIMEOUT_PER_EXAMPLE seconds per example, at least
 #: MIN_TIMEOUT: 60 s for the ci profile's 100 examples (its slowest property takes ~4 s), 600 s
 #: for thorough's 1000. A hang becomes a failure in about a minute. The export of one exporter
@@ -81,12 +94,30 @@ class Limits:
         return task.timeout_factor * max(MIN_TIMEOUT, TIMEOUT_PER_EXAMPLE * (task.examples or 0))
 
 
+_preload: list[str] = list(PRELOAD)  # what the server imports, once it is started (start_server may add)
+
+
+def preload_for(target_spec: str | None) -> list[str]:
+    """The :data:`LIBRARY_PRELOAD` modules of the library ``target_spec`` ("pkg.module:Class" or a
+    path) is in, if it is installed; found without importing anything."""
+    import importlib.util
+
+    if not target_spec or ":" not in target_spec:
+        return []
+    library = target_spec.partition(":")[0].partition(".")[0]
+    modules = LIBRARY_PRELOAD.get(library, ())
+    try:
+        return list(modules) if modules and importlib.util.find_spec(library) is not None else []
+    except (ImportError, ValueError):
+        return []
+
+
 def _context() -> Any:
     """forkserver with torch preloaded on Linux, spawn elsewhere (see the module docstring)."""
     if sys.platform != "linux":
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
+    ctx.set_forkserver_preload(_preload)
     return ctx
 
 
@@ -98,15 +129,18 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def start_server() -> None:
-    """Start the fork server now (Linux), so that its imports run beside the caller's own.
+def start_server(target_spec: str | None = None) -> None:
+    """Start the fork server now (Linux), so that its imports run beside the caller's own; with
+    ``target_spec``, it imports that library's common modules too (:func:`preload_for`).
 
     The gate calls this before it imports torch and loads the target: the server's 2 s of
-    imports then overlap the CLI's instead of following them.
+    imports then overlap the CLI's instead of following them. A server already running keeps
+    what it imported.
     """
     if sys.platform == "linux":
         from multiprocessing import forkserver
 
+        _preload.extend(m for m in preload_for(target_spec) if m not in _preload)
         _context()
         forkserver.ensure_running()
 

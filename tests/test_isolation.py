@@ -3,6 +3,8 @@ and a default timeout that turns a hang into a failure in about a minute."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -88,3 +90,44 @@ def test_an_export_task_gets_three_times_the_timeout_of_a_property() -> None:
     export = Task("export-dynamo", "export", "export_checks", examples=100, timeout_factor=EXPORT_TIMEOUT_FACTOR)
     assert Limits().timeout_for(export) == pytest.approx(3 * MIN_TIMEOUT)
     assert Limits(timeout=8).timeout_for(export) == 8.0
+
+
+def test_the_preload_of_a_library_is_found_from_the_target_without_importing_it() -> None:
+    from mha_verify.isolation import LIBRARY_PRELOAD, preload_for
+
+    assert preload_for(None) == [] and preload_for("tests/fixtures/x.py:Layer") == []
+    assert preload_for("no_such_library_xyz.models:Layer") == []
+    assert preload_for("mha_verify.mha:MultiHeadAttention") == []
+    for library, modules in LIBRARY_PRELOAD.items():
+        installed = importlib.util.find_spec(library) is not None
+        assert preload_for(f"{library}.models.x:Layer") == (list(modules) if installed else [])
+
+
+_PRELOAD_SCRIPT = """
+import json
+import sys
+from mha_verify import isolation
+isolation.start_server(sys.argv[1])
+ctx = isolation._context()
+out = ctx.Queue()
+p = ctx.Process(target=__import__("tests.fixtures.preload_probe", fromlist=["x"]).inherited_and_parallel,
+                args=(isolation.preload_for(sys.argv[1]), out))
+p.start()
+print(json.dumps(out.get(timeout=120)))
+p.join(10)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("library", ["transformers", "diffusers"])
+def test_a_worker_inherits_the_librarys_modules_and_still_runs_parallel_ops(library: str) -> None:
+    pytest.importorskip(library)
+    from mha_verify.isolation import LIBRARY_PRELOAD
+
+    # two OpenMP threads: with one, libgomp never starts a pool and a poisoned fork would not hang
+    env = dict(os.environ, OMP_NUM_THREADS="2", HF_HUB_OFFLINE="1")
+    proc = subprocess.run([sys.executable, "-c", _PRELOAD_SCRIPT, f"{library}.models.x:Layer"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    had, threads, finite = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert had == list(LIBRARY_PRELOAD[library]) and threads == 2 and finite, proc.stdout
