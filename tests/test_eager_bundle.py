@@ -125,3 +125,15 @@ def test_a_bundle_naming_a_callable_that_is_no_layer_runs_nothing(softmax_bundle
     got = _replay(folder)
     assert got.returncode == 2 and "is not a subclass of Module" in got.stderr, got.stdout + got.stderr
     assert not marker.exists()
+
+
+def test_checks_failing_for_one_cause_share_one_bundle(tmp_path: Path) -> None:
+    first = _failed("tests.fixtures.kind_layers:KeysViewedWithQueryLength", "oracle_agreement", tmp_path)
+    second = _failed("tests.fixtures.kind_layers:KeysViewedWithQueryLength", "head_split", tmp_path)
+    (folder,) = tmp_path.iterdir()
+    assert str(first.details["bundle"]).startswith(f"bundle {folder}:"), first.details["bundle"]
+    assert str(second.details["bundle"]).startswith(f"no new bundle: the same cause as the bundle {folder} ("), \
+        second.details["bundle"]
+    # another cause in the same folder (a wrong softmax, no exception) gets a bundle of its own
+    _failed("tests.mutants:SoftmaxInFloat16", "oracle_agreement", tmp_path)
+    assert len(list(tmp_path.iterdir())) == 2
