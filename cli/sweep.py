@@ -7,8 +7,9 @@ Stages, each surviving what a class does to it:
 2. build (:mod:`mha_verify.sweep_build` in a worker): import, build from the constructor's
    names and the library's config, one forward. A class that hangs past ``build_timeout`` or
    crashes its worker becomes a row ("hung", "crashed") and a new worker goes on;
-3. check: ``mha-verify check --target CLASS --no-export --profile quick`` per built class, in its
-   own process group, killed past ``class_timeout``; its JSON report gives the verdicts.
+3. check: ``mha-verify check --target CLASS --no-export --profile quick`` per built class, run by
+   one :mod:`mha_verify.sweep_check` worker per job (a process group of its own, killed past
+   ``class_timeout`` and replaced); its JSON report gives the verdicts.
 
 The table (``sweep.json``, ``sweep.md``) is rewritten atomically after every row, so an
 interrupted sweep has lost nothing, and a sweep run again into the same folder (same library,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import random
 import re
 import selectors
@@ -153,17 +155,19 @@ def load_previous(out: Path, ctx: dict[str, str]) -> dict[str, Row]:
     return rows
 
 
-class BuildWorker:
-    """A ``sweep_build`` process; one spec at a time, each under a time limit."""
+class LineWorker:
+    """A process of ``module`` (``sweep_build``, ``sweep_check``) in a session of its own: one
+    line in, one JSON line out, each answer under a time limit."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str = "mha_verify.sweep_build", env: dict[str, str] | None = None,
+                 label: tuple[str, ...] = ()) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mha_verify.sweep_build"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, start_new_session=True)
+            [sys.executable, "-m", module, *label], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, start_new_session=True, env=env)
         self.buffer = b""
 
     def ask(self, spec: str, timeout: float) -> dict[str, Any] | str:
-        """The worker's JSON line for ``spec``, or "hung" / "crashed: ..." (the worker is then dead)."""
+        """The worker's JSON line for the line ``spec``, or "hung" / "crashed: ..." (the worker is then dead)."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             self.proc.stdin.write(spec.encode() + b"\n")
@@ -224,7 +228,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
+def build_row(worker: LineWorker, row: Row, timeout: float) -> None:
     start = time.perf_counter()
     answer = worker.ask(row.spec, timeout)
     row.build_seconds = round(time.perf_counter() - start, 2)
@@ -240,16 +244,42 @@ def build_row(worker: BuildWorker, row: Row, timeout: float) -> None:
         row.status, row.reason = "not built", str(answer.get("reason", ""))
 
 
-_RUNNING: set[subprocess.Popen[bytes]] = set()  # the checks running now, each in its own process group
+_RUNNING: set[subprocess.Popen[bytes]] = set()  # the check workers alive now, each in its own process group
 _RUNNING_LOCK = threading.Lock()
+_CHECKERS: queue.SimpleQueue[CheckWorker] = queue.SimpleQueue()  # the idle ones, one per job
 
 
 def stop_checks() -> None:
-    """Kill every running check's process group (what the sweep does when it is interrupted)."""
+    """Kill every check worker's process group (what the sweep does when it is interrupted)."""
     with _RUNNING_LOCK:
         running = list(_RUNNING)
     for proc in running:
         _kill_group(proc)
+
+
+class CheckWorker(LineWorker):
+    """A :mod:`mha_verify.sweep_check` process: the gate on one class after another."""
+
+    def __init__(self, opts: Options) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        if opts.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+            # classes judged side by side share the cores: torch's threads in each would otherwise be
+            # one per core, and two checks' spinning thread pools on 2 cores made a sweep 2.2x slower
+            # than judging one class at a time (benchmarks/bench_shards.py --sweep)
+            env["OMP_NUM_THREADS"] = str(max(1, _cores() // opts.jobs))
+        super().__init__("mha_verify.sweep_check", env, label=(str(opts.out),))
+        with _RUNNING_LOCK:
+            _RUNNING.add(self.proc)
+
+    def kill(self) -> None:
+        super().kill()
+        with _RUNNING_LOCK:
+            _RUNNING.discard(self.proc)
+
+    def close(self) -> None:
+        super().close()
+        with _RUNNING_LOCK:
+            _RUNNING.discard(self.proc)
 
 
 def _cores() -> int:
@@ -265,38 +295,32 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
     report = reports / (re.sub(r"[^A-Za-z0-9_.-]", "_", row.spec) + ".json")
     report.unlink(missing_ok=True)
     bundles = opts.out / "bundles" / report.stem  # a standalone replay of each failure (mha_verify.eager_bundle)
-    cmd = [sys.executable, "-m", "mha_verify.cli", "check", "--target", row.spec, "--profile", opts.profile,
-           "--jobs", "1", "--report", str(report), "--no-export", "--bundle-dir", str(bundles)]
+    cmd = ["check", "--target", row.spec, "--profile", opts.profile, "--jobs", "1", "--report", str(report),
+           "--no-export", "--bundle-dir", str(bundles)]
     if opts.max_examples is not None:
         cmd += ["--max-examples", str(opts.max_examples)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    if opts.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
-        # classes judged side by side share the cores: torch's threads in each would otherwise be
-        # one per core, and two checks' spinning thread pools on 2 cores made a sweep 2.2x slower
-        # than judging one class at a time (benchmarks/bench_shards.py --sweep)
-        env["OMP_NUM_THREADS"] = str(max(1, _cores() // opts.jobs))
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env=env)
-    with _RUNNING_LOCK:
-        _RUNNING.add(proc)
-    try:
-        _, err = proc.communicate(timeout=opts.class_timeout)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
+    worker = _CHECKERS.get()
+    answer = worker.ask(json.dumps(cmd), opts.class_timeout)
+    if isinstance(answer, str):
+        worker.kill()
+        worker = CheckWorker(opts)
+    _CHECKERS.put(worker)
+    if answer == "hung":
         return {"status": "check timed out", "reason": f"the gate ran past {opts.class_timeout:g} s",
                 "check_seconds": round(time.perf_counter() - start, 1)}
-    finally:
-        with _RUNNING_LOCK:
-            _RUNNING.discard(proc)
+    if isinstance(answer, str):
+        return {"status": "check crashed", "reason": answer.removeprefix("crashed: "),
+                "check_seconds": round(time.perf_counter() - start, 1)}
+    code = answer.get("code")
     seconds = round(time.perf_counter() - start, 1)
-    lines = [ln for ln in err.decode(errors="replace").splitlines() if ln.strip()]
-    if proc.returncode == 2:
+    lines = [ln for ln in str(answer.get("stderr", "")).splitlines() if ln.strip()]
+    if code == 2:
         return {"status": "check usage error", "reason": lines[-1] if lines else "exit code 2",
                 "check_seconds": seconds}
-    if proc.returncode not in (0, 1) or not report.is_file():
+    if code not in (0, 1) or not report.is_file():
         return {"status": "check crashed", "check_seconds": seconds,
-                "reason": describe_exit(proc.returncode) + (f": {lines[-1]}" if lines else "")}
+                "reason": f"exited with code {code}" + (f": {lines[-1]}" if lines else "")}
     doc = json.loads(report.read_text())
     results = doc.get("results", [])
     causes: dict[str, list[str]] = {}
@@ -311,7 +335,7 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
             findings.setdefault(f"{kind}: {cause_of(str(r.get('reason') or ''))}", []).append(str(r.get("name")))
     written = sorted(str(p.relative_to(opts.out)) for p in bundles.glob("*/replay.py")) if bundles.is_dir() else []
     verified = sum(1 for r in results if r.get("verdict") != "n/a" and (r.get("examples") or 0) > 0)
-    status = "nothing verified" if verified == 0 else "passed" if proc.returncode == 0 else "failed"
+    status = "nothing verified" if verified == 0 else "passed" if code == 0 else "failed"
     return {"status": status, "reason": "no check compared an example" if verified == 0 else "",
             "counts": {k: int(v) for k, v in doc.get("counts", {}).items()}, "verified": verified,
             "causes": causes, "findings": findings, "bundles": written, "check_seconds": seconds}
@@ -368,12 +392,12 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     chosen = {row.spec: row for row in rows}
     table = rows if shard is not None else \
         [chosen.get(spec, row) for spec, row in stored.items()] + [row for row in rows if row.spec not in stored]
-    worker: BuildWorker | None = None
+    worker: LineWorker | None = None
     try:
         for row in rows:
             if row.status:
                 continue
-            worker = worker if worker is not None and worker.proc.poll() is None else BuildWorker()
+            worker = worker if worker is not None and worker.proc.poll() is None else LineWorker()
             build_row(worker, row, opts.build_timeout)
             write(table, opts, ctx, command, shard)
             progress(row)
@@ -384,6 +408,8 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
         todo = [r for r in rows if r.status == "built"]
 
         pool = ThreadPoolExecutor(max_workers=max(1, opts.jobs))
+        for _ in range(min(max(1, opts.jobs), len(todo))):
+            _CHECKERS.put(CheckWorker(opts))
         try:
             futures = {pool.submit(check_row, row, opts): row for row in todo}
             for future in as_completed(futures):
@@ -399,7 +425,10 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
             pool.shutdown(wait=False, cancel_futures=True)
             stop_checks()
             raise
-        pool.shutdown()
+        finally:
+            pool.shutdown()
+            while not _CHECKERS.empty():
+                _CHECKERS.get().close()
     write(table, opts, ctx, command, shard)
     return rows
 

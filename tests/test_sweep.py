@@ -104,11 +104,14 @@ def test_sigterm_ends_the_sweep_and_its_running_checks(tmp_path: Path) -> None:
         if "built" in line and "GoodAttention" in line:
             break
     time.sleep(5)
+    # the sweep's check worker, labelled with the sweep's folder
+    worker = ["pgrep", "-f", f"mha_verify.sweep_check {tmp_path / 's'}"]
+    assert subprocess.run(worker, capture_output=True, text=True).stdout.strip(), "no check worker was running"
     proc.send_signal(signal.SIGTERM)
     start = time.perf_counter()
     code = proc.wait(timeout=60)
     assert code == 143 and time.perf_counter() - start < 30, (code, proc.stderr.read())
-    left = subprocess.run(["pgrep", "-f", f"check --target {LIB}.layers:GoodAttention"], capture_output=True, text=True)
+    left = subprocess.run(worker, capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
 
 
