@@ -34,6 +34,8 @@ def run_one(argv: list[str]) -> dict[str, object]:
 
 
 def main() -> int:
+    from mha_verify.exit_codes import EXIT_TERMINATED
+
     out = sys.stdout
     sys.stdout = sys.stderr  # what runs here must not interleave with the JSON lines
     for line in sys.stdin:
@@ -44,6 +46,8 @@ def main() -> int:
             answer = run_one(argv)
         out.write(json.dumps(answer) + "\n")
         out.flush()
+        if answer["code"] == EXIT_TERMINATED:  # SIGTERM: the sweep is ending, and so does its worker
+            return EXIT_TERMINATED
     return 0
 
 
