@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=2, help="the sweep's --jobs (with --sweep)")
     p.add_argument("--also", default="", help="class names added to the sample, comma-separated")
     args = p.parse_args(argv)
-    if not (args.before / "mha_verify" / "__init__.py").is_file():
-        p.error(f"--before {str(args.before)!r} holds no mha_verify package")
+    for flag, folder in (("--before", args.before), ("--after", args.after)):
+        if folder is not None and not (folder / "mha_verify" / "__init__.py").is_file():
+            p.error(f"{flag} {str(folder)!r} holds no mha_verify package")
     rows = json.loads(args.table.read_text())["rows"]
     built = [r["spec"] for r in rows if r.get("status") == "built"]
     if not built:
