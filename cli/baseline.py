@@ -16,34 +16,34 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
+from mha_verify.json_files import read_json
 from mha_verify.properties.engine.results import CheckResult
 
 FORMAT = "mha-verify-baseline/2"
+#: a baseline holds one number per check (~2 KB); anything near this is not one
+MAX_BASELINE_BYTES = 16 * 1024 * 1024
 CONTEXT_KEYS = ("target", "dtype", "profile")
 
 
 def _value(path: str, key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"baseline {path!r}: the worst error of {key!r} must be a finite number >= 0, "
-                         f"got {json.dumps(value)}")
+        raise ValueError(f"baseline {path!r}: the worst error of {key[:80]!r} must be a finite number >= 0, "
+                         f"got {json.dumps(value)[:80]}")
     return float(value)
 
 
 def load(path: str, context: dict[str, str]) -> dict[str, float]:
     """{stage/name: worst error}; ValueError naming the file and what is wrong: not a baseline, a
     value that is not a finite number >= 0, or recorded for another target, dtype or profile."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"baseline {path!r} is unreadable: {exc}") from None
+    doc = read_json(path, what=f"baseline {path!r}", max_bytes=MAX_BASELINE_BYTES)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("worst"), dict) \
             or not isinstance(doc.get("context"), dict):
         raise ValueError(f"baseline {path!r} is not an mha-verify baseline (format {FORMAT}); record it again "
                          "with --update-baseline")
     recorded = {k: doc["context"].get(k) for k in CONTEXT_KEYS}
-    differs = [f"{k} {recorded[k]!r} (this run: {context[k]!r})" for k in CONTEXT_KEYS if recorded[k] != context[k]]
+    differs = [f"{k} {repr(recorded[k])[:80]} (this run: {context[k]!r})"
+               for k in CONTEXT_KEYS if recorded[k] != context[k]]
     if differs:
         raise ValueError(f"baseline {path!r} was recorded for another run: {'; '.join(differs)}; record it again "
                          "with --update-baseline")
@@ -53,8 +53,8 @@ def load(path: str, context: dict[str, str]) -> dict[str, float]:
 def previous(path: str) -> dict[str, float]:
     """The worst errors of an existing baseline, checked, whatever it was recorded for ({} if none)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        doc = read_json(path, what=f"baseline {path!r}", max_bytes=MAX_BASELINE_BYTES)
+    except ValueError:
         return {}
     worst = doc.get("worst") if isinstance(doc, dict) else None
     return {str(k): _value(path, str(k), v) for k, v in worst.items()} if isinstance(worst, dict) else {}

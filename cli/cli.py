@@ -239,8 +239,12 @@ def run_list(args: argparse.Namespace) -> int:
     checks += [(r.name, r.doc) for r in all_relations().values()]
     for name, doc in checks:
         print(f"{name}\n    " + doc.replace("\n", "\n    ") + "\n")
+    try:
+        registered = adapters()
+    except ValueError as exc:  # an installed package's broken entry point
+        raise UsageError(str(exc)) from None
     print("adapters (--adapter NAME; found by structure in this order):")
-    for adapter in adapters():
+    for adapter in registered:
         print(f"    {adapter.name}: {adapter.description}")
     return EXIT_OK
 

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from mha_verify.eager_replay import REPLAY
+from mha_verify.json_files import read_json
 from mha_verify.mha.tolerance import compare
 from mha_verify.properties.engine.measure import oracle
 from mha_verify.properties.engine.results import CheckResult
@@ -40,6 +41,9 @@ from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.targets.eager import Target
 from mha_verify.repro_bundle import safe_name
 from mha_verify.sweep_rows import cause_of
+
+#: a bundle.json holds the example's description, not its tensors (those are in tensors.pt)
+MAX_BUNDLE_BYTES = 4 * 1024 * 1024
 
 #: seconds the written replay.py may take to show the bug (it imports the layer's library)
 REPLAY_TIMEOUT = 180
@@ -164,9 +168,9 @@ def _bundle_of_cause(directory: Path, key: list[str]) -> Path | None:
     if not directory.is_dir():
         return None
     for path in sorted(directory.glob("*/bundle.json")):
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError):
+        try:  # a folder the user named: a bundle.json there may be anything
+            doc = read_json(path, what=str(path), max_bytes=MAX_BUNDLE_BYTES)
+        except ValueError:
             continue
         if isinstance(doc, dict) and doc.get("cause_key") == key:
             return path.parent

@@ -11,12 +11,13 @@ and a part that does not fit is a ValueError naming the file and the field.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from mha_verify import json_files
 from mha_verify.properties.engine.results import CheckResult
+from mha_verify.shards import Shard
 
 #: a part larger than this is refused before it is parsed (a report of the whole suite is ~1 MB)
 MAX_PART_BYTES = 256 * 1024 * 1024
@@ -48,23 +49,21 @@ class Merged:
 
 def read_json(path: str) -> Any:
     """The JSON document at ``path``, or a ValueError naming the file."""
-    p = Path(path)
-    try:
-        if not p.is_file():
-            raise ValueError(f"{path!r} is not a file")
-        if p.stat().st_size > MAX_PART_BYTES:
-            raise ValueError(f"{path!r} is larger than {MAX_PART_BYTES} bytes")
-        return json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read {path!r}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path!r} is not a JSON report: {exc}") from None
+    return json_files.read_json(path, what=repr(path), max_bytes=MAX_PART_BYTES)
 
 
-def _int(value: object, what: str) -> int:
+def _int(value: object, what: str, least: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{what} must be an integer, got {value!r}"[:200])
+    if least is not None and value < least:
+        raise ValueError(f"{what} must be at least {least}, got {value}")
     return value
+
+
+def _shard(block: dict[str, Any]) -> Shard:
+    """The part's ``index``/``count``, in the bounds ``--shard`` itself has (a count of 10**18
+    would have the missing shards listed one by one)."""
+    return Shard(_int(block.get("index"), "shard.index"), _int(block.get("count"), "shard.count"))
 
 
 def _number(x: object) -> bool:
@@ -104,14 +103,16 @@ def read_part(path: str, doc: Any) -> Part:
     if not isinstance(shard, dict):
         raise bad("not the report of a shard (no 'shard' block: it was run without --shard I/N)")
     try:
-        index, count = _int(shard.get("index"), "shard.index"), _int(shard.get("count"), "shard.count")
+        index, count = dataclasses.astuple(_shard(shard))
         tasks, mine = shard.get("tasks"), shard.get("mine")
         if not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks):
             raise ValueError("shard.tasks must be a list of task names")
         if not isinstance(mine, list) or not all(
                 isinstance(m, list) and len(m) == 2 and isinstance(m[0], str) for m in mine):
             raise ValueError("shard.mine must be a list of [task name, result count]")
-        owned = tuple((m[0], _int(m[1], f"the result count of {m[0]!r}")) for m in mine)
+        # every task gives at least one result (a crash or an n/a is one): a count of 0 or less
+        # would shift the results onto the wrong tasks and drop a check from the merge
+        owned = tuple((m[0], _int(m[1], f"the result count of {m[0]!r}"[:120], least=1)) for m in mine)
         results = tuple(CheckResult.from_json(r) for r in doc["results"])
         for r in results:
             check_details(r.details)
@@ -173,11 +174,12 @@ def merge_checks(parts: list[Part]) -> Merged:
                   [r for name in first.tasks for r in by_task[name]])
 
 
-def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str], str]:
-    """The rows (in the single sweep's order), context and command of a sharded sweep's parts:
-    ``(path, sweep.json document)`` each. ValueError if they are not one whole sweep."""
+def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str], bool]:
+    """The rows (in the single sweep's order), context and whether it was a --build-only sweep,
+    of a sharded sweep's parts: ``(path, sweep.json document)`` each. ValueError if they are not
+    one whole sweep."""
     from mha_verify.sweep import CONTEXT_KEYS, FORMAT
-    from mha_verify.sweep_rows import STATUSES, Row
+    from mha_verify.sweep_rows import row_from_json
 
     parts = []
     for path, doc in docs:
@@ -187,31 +189,35 @@ def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str]
         if not isinstance(shard, dict) or not isinstance(shard.get("specs"), list) \
                 or not all(isinstance(s, str) for s in shard["specs"]):
             raise ValueError(f"{path!r}: not the table of a shard (no 'shard' block: swept without --shard I/N)")
-        index, count = _int(shard.get("index"), "shard.index"), _int(shard.get("count"), "shard.count")
+        try:
+            index, count = dataclasses.astuple(_shard(shard))
+        except ValueError as exc:
+            raise ValueError(f"{path!r}: {exc}") from None
         ctx = doc.get("context")
         if not isinstance(ctx, dict) or set(ctx) != set(CONTEXT_KEYS) or \
                 not all(isinstance(v, str) for v in ctx.values()) or not isinstance(doc.get("command"), str):
             raise ValueError(f"{path!r}: its context (the keys {', '.join(CONTEXT_KEYS)}) or command is missing")
-        rows = []
-        for item in doc["rows"]:
-            if not isinstance(item, dict):
-                raise ValueError(f"{path!r}: a row is not an object")
-            try:
-                row = Row(**{k: item[k] for k in Row.__dataclass_fields__ if k in item})
-            except TypeError as exc:
-                raise ValueError(f"{path!r}: a row does not fit: {exc}") from None
-            if not isinstance(row.spec, str) or row.status not in STATUSES or row.spec not in shard["specs"]:
-                raise ValueError(f"{path!r}: row {str(row.spec)[:80]!r} has an unknown status or class")
-            rows.append(row)
-        parts.append((path, index, count, tuple(shard["specs"]), doc["context"], rows))
+        rows = [row_from_json(item, f"{path!r} row {i + 1}") for i, item in enumerate(doc["rows"])]
+        for row in rows:
+            if row.spec not in shard["specs"]:
+                raise ValueError(f"{path!r}: row {row.spec[:80]!r} is not a class of its shard's list")
+        build_only = shard.get("build_only")
+        if build_only is None:  # a table from before the flag: a built row that was never checked tells
+            build_only = any(row.status == "built" for row in rows)
+        if not isinstance(build_only, bool):
+            raise ValueError(f"{path!r}: shard.build_only must be true or false, got {build_only!r}"[:200])
+        parts.append((path, index, count, tuple(shard["specs"]), doc["context"], rows, build_only))
     if not parts:
         raise ValueError("no part to merge")
-    path0, _, count0, specs0, ctx0, _ = parts[0]
+    path0, _, count0, specs0, ctx0, _, build_only0 = parts[0]
     seen: dict[int, str] = {}
     by_spec: dict[str, Any] = {}
-    for path, index, count, specs, ctx, rows in parts:
+    for path, index, count, specs, ctx, rows, build_only in parts:
         if (count, specs) != (count0, specs0):
             raise ValueError(f"{path!r} and {path0!r} split different class lists or shard counts")
+        if build_only != build_only0:
+            raise ValueError(f"{path!r} and {path0!r}: one is a --build-only sweep and the other checked its "
+                             "classes; merge the parts of one sweep")
         if ctx != ctx0:
             raise ValueError(f"{path!r} and {path0!r} differ in library, versions or profile: "
                              f"{ctx!r} vs {ctx0!r}"[:400])
@@ -229,4 +235,4 @@ def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str]
     lost = [s for s in specs0 if s not in by_spec]
     if lost:
         raise ValueError(f"no part judged the classes {lost[:3]}: a shard stopped early (run it again to resume)")
-    return [by_spec[s] for s in specs0], {str(k): str(v) for k, v in ctx0.items()}, str(parts[0][0])
+    return [by_spec[s] for s in specs0], {str(k): str(v) for k, v in ctx0.items()}, build_only0

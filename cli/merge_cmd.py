@@ -37,13 +37,15 @@ def _same_file(a: str, b: str) -> bool:
 def run_merge(args: argparse.Namespace) -> int:
     from mha_verify import gate_outputs, merge
     from mha_verify.export.atomic import AtomicWriter
+    from mha_verify.sweep import TABLE_FILES
 
     outputs = {k: getattr(args, k) for k in ("report", "junit", "html", "out") if getattr(args, k) is not None}
     for kind, path in outputs.items():
         if path == "":
             return usage_error(f"--{kind} is an empty path")
         for part in args.parts:  # a merged file never replaces one of its own parts
-            if _same_file(path, part) or (kind == "out" and _same_file(os.path.join(path, "sweep.json"), part)):
+            written = [os.path.join(path, name) for name in TABLE_FILES] if kind == "out" else [path]
+            if any(_same_file(w, part) for w in written):
                 return usage_error(f"--{kind} {path!r} is one of the parts being merged; write the merge elsewhere")
     try:
         docs = [(p, merge.read_json(p)) for p in args.parts]
@@ -75,14 +77,17 @@ def run_merge(args: argparse.Namespace) -> int:
 
 def _merge_sweeps(docs: list[tuple[str, object]], out: Path) -> int:
     from mha_verify import merge
-    from mha_verify.sweep import load_previous, write_table
+    from mha_verify.folder_lock import hold_folder
+    from mha_verify.sweep import check_table_paths, load_previous, write_table
     from mha_verify.sweep_cmd import report
 
-    rows, ctx, _ = merge.merge_sweeps(docs)
+    rows, ctx, build_only = merge.merge_sweeps(docs)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {str(out)!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
-    load_previous(out, ctx)  # refuses a folder whose sweep.json is not a sweep's
-    command = "mha-verify merge " + " ".join(shlex.quote(p) for p, _ in docs)
-    write_table(out, rows, ctx, command)
-    return report(rows, out, build_only=any(r.status == "built" for r in rows))
+    with hold_folder(out, "--out"):  # a sweep still writing there would overwrite the merge, or lose it
+        check_table_paths(out)
+        load_previous(out, ctx)  # refuses a folder whose sweep.json is not a sweep's
+        command = "mha-verify merge " + " ".join(shlex.quote(p) for p, _ in docs)
+        write_table(out, rows, ctx, command)
+    return report(rows, out, build_only=build_only)

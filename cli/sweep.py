@@ -38,13 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from mha_verify.export.atomic import AtomicWriter
+from mha_verify.folder_lock import hold_folder
 from mha_verify.isolation import describe_exit
+from mha_verify.json_files import read_json
 from mha_verify.properties.engine.results import KINDS
 from mha_verify.shards import Shard
 from mha_verify.sweep_classes import Found, find_classes
-from mha_verify.sweep_rows import STATUSES, Row, cause_of, totals
+from mha_verify.sweep_rows import Row, cause_of, row_from_json, totals
 
 FORMAT = "mha-verify sweep 1"
+#: a sweep.json larger than this is refused before it is parsed (transformers' whole table is ~2 MB)
+MAX_TABLE_BYTES = 64 * 1024 * 1024
+
+
 @dataclass(frozen=True)
 class Options:
     library: str
@@ -112,46 +118,31 @@ def shard_of(chosen: list[Found], shard: Shard, costs: dict[str, float] | None =
 
 def measured_costs(path: Path) -> dict[str, float]:
     """Seconds per class (build and check) of the sweep.json at ``path``; ValueError if it is not one."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--costs {str(path)!r} cannot be read as a sweep.json: {exc}") from None
+    doc = read_json(path, what=f"--costs {str(path)!r}", max_bytes=MAX_TABLE_BYTES)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("rows"), list):
         raise ValueError(f"--costs {str(path)!r} is not an mha-verify sweep.json")
-    costs: dict[str, float] = {}
-    for row in doc["rows"]:
-        if isinstance(row, dict) and isinstance(row.get("spec"), str):
-            seconds = [x for x in (row.get("build_seconds"), row.get("check_seconds"))
-                       if isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1e7]
-            if len(seconds) == 2:
-                costs[row["spec"]] = float(sum(seconds))
-    return costs
+    rows = [row_from_json(item, f"--costs {str(path)!r} row {i + 1}") for i, item in enumerate(doc["rows"])]
+    return {row.spec: row.build_seconds + row.check_seconds for row in rows}
 
 
 def load_previous(out: Path, ctx: dict[str, str]) -> dict[str, Row]:
     """Rows of an earlier sweep into ``out`` with the same context; ValueError if ``out`` holds a
-    sweep.json that is not a sweep's (nothing of it is overwritten then)."""
+    sweep.json that is not a sweep's, or one of its rows does not fit (nothing of it is
+    overwritten then: a row dropped here would be gone from the table rewritten after it)."""
     path = out / "sweep.json"
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return {}
-    try:
-        doc = json.loads(path.read_text())
-        ok = isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("rows"), list)
-    except (ValueError, OSError, UnicodeDecodeError):
-        ok = False
-    if not ok:
+    where = f"--out {str(out)!r}: its sweep.json"
+    doc = read_json(path, what=where, max_bytes=MAX_TABLE_BYTES)
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("rows"), list):
         raise ValueError(f"--out {str(out)!r} holds a sweep.json that is not an mha-verify sweep's; "
                          "choose another folder")
     if doc.get("context") != ctx:
         return {}
     rows: dict[str, Row] = {}
-    for item in doc["rows"]:
-        try:
-            row = Row(**{k: item[k] for k in Row.__dataclass_fields__ if k in item})
-        except TypeError:
-            continue
-        if isinstance(row.spec, str) and row.status in STATUSES:
-            rows[row.spec] = row
+    for i, item in enumerate(doc["rows"]):
+        row = row_from_json(item, f"{where}, row {i + 1}")
+        rows[row.spec] = row
     return rows
 
 
@@ -347,10 +338,25 @@ def write(rows: list[Row], opts: Options, ctx: dict[str, str], command: str,
     write_table(opts.out, rows, ctx, command, shard)
 
 
+TABLE_FILES = ("sweep.json", "sweep.md")
+
+
+def check_table_paths(out: Path, flag: str = "--out") -> None:
+    """ValueError if a table file in ``out`` is a symbolic link or not a regular file: the table
+    is the folder's own, and a link would have it written onto whatever the link names (a part
+    being merged, the --costs file)."""
+    for name in TABLE_FILES:
+        path = out / name
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise ValueError(f"{flag} {str(out)!r}: its {name} is a symbolic link or not a regular file; "
+                             "the table is written into the folder itself: remove it, or choose another folder")
+
+
 def write_table(out: Path, rows: list[Row], ctx: dict[str, str], command: str,
                 shard: dict[str, Any] | None = None) -> None:
     from mha_verify.sweep_table import markdown
 
+    check_table_paths(out)
     doc: dict[str, Any] = {"format": FORMAT, "context": ctx, "command": command, "totals": totals(rows),
                            "rows": [asdict(r) for r in rows]}
     if shard is not None:
@@ -374,12 +380,22 @@ def sweep(opts: Options, *, command: str, progress: Callable[[Row], None] = lamb
     shard = None
     if opts.shard is not None:
         everything = len(found)
-        shard = {"index": opts.shard.index, "count": opts.shard.count, "specs": [f.spec for f in found]}
+        shard = {"index": opts.shard.index, "count": opts.shard.count, "specs": [f.spec for f in found],
+                 "build_only": opts.build_only}
         found = shard_of(found, opts.shard, measured_costs(opts.costs) if opts.costs else None)
         if not found:
             raise ValueError(f"--shard {opts.shard}: {opts.shard.count} shards for {everything} classes "
                              f"leaves this one empty; use at most {everything} shards")
     opts.out.mkdir(parents=True, exist_ok=True)
+    # one sweep writes a folder at a time: each rewrites the table from the rows it read at its
+    # start, so a second one beside it would silently drop the first one's rows
+    with hold_folder(opts.out, "--out"):
+        return _sweep_into(found, shard, opts, command=command, progress=progress)
+
+
+def _sweep_into(found: list[Found], shard: dict[str, Any] | None, opts: Options, *, command: str,
+                progress: Callable[[Row], None]) -> list[Row]:
+    check_table_paths(opts.out)
     (opts.out / "reports").mkdir(exist_ok=True)
     ctx = context(opts)
     stored = {} if opts.fresh else load_previous(opts.out, ctx)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from mha_verify.properties.engine.results import KINDS
 
@@ -44,6 +46,55 @@ class Row:
             return "FAIL" if self.status == "failed" else self.status or "not run"
         kinds = {key.split(":", 1)[0] for key in self.findings}
         return next((k for k in KIND_ORDER if k in kinds), "passed")
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+#: each field of a stored row and the test its value must pass (a sweep.json is a user's file)
+_FIELD_CHECKS: dict[str, tuple[str, Any]] = {
+    "spec": ("a text", lambda v: isinstance(v, str) and bool(v)),
+    "path": ("a text", lambda v: isinstance(v, str)),
+    "status": (f"one of {', '.join(STATUSES)}", lambda v: v in STATUSES or v == ""),
+    "built_as": ("a text", lambda v: isinstance(v, str)),
+    "conventions": ("a text", lambda v: isinstance(v, str)),
+    "reason": ("a text", lambda v: isinstance(v, str)),
+    "counts": ("{verdict: count}", lambda v: isinstance(v, dict) and all(_count(n) for n in v.values())),
+    "verified": ("a count", _count),
+    "causes": ("{cause: [check, ...]}", lambda v: isinstance(v, dict) and all(_strings(c) for c in v.values())),
+    "findings": ("{finding: [check, ...]}", lambda v: isinstance(v, dict) and all(_strings(c) for c in v.values())),
+    "bundles": ("a list of paths", _strings),
+    "build_seconds": ("seconds >= 0", _seconds),
+    "check_seconds": ("seconds >= 0", _seconds),
+}
+
+
+def row_from_json(item: object, where: str) -> Row:
+    """The Row stored as ``item``, every field's type checked; ValueError starting with ``where``
+    (the file and the row's place) naming the field, what it must be and what it is."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} is not an object")
+    for key in ("spec", "path"):
+        if key not in item:
+            raise ValueError(f"{where} has no {key!r}")
+    for key, (expected, ok) in _FIELD_CHECKS.items():
+        if key in item and not ok(item[key]):
+            raise ValueError(f"{where}: {key!r} must be {expected}, got {_shown(item[key])}")
+    return Row(**{key: item[key] for key in _FIELD_CHECKS if key in item})
+
+
+def _shown(value: object) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, bool)) or value is None else type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 #: the kinds of finding, in the order a class is grouped by (its first)

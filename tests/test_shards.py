@@ -152,7 +152,7 @@ NOT_ONE_RUN = {
     "task-lost": ({**WHOLE, "2.json": _part(2, 2, TASKS, [])}, r"no part ran the tasks \['b'\]"),
     "not-a-shard": ({**WHOLE, "2.json": report_json.document([], target="t:A", profile="ci", seed=None)},
                     "run without --shard"),
-    "not-json": ({**WHOLE, "2.json": "{not json"}, "is not a JSON report"),
+    "not-json": ({**WHOLE, "2.json": "{not json"}, "is not valid JSON"),
     "bad-verdict": ({**WHOLE, "2.json": {**WHOLE["2.json"], "results": [{"name": "b", "stage": "properties",
                                                                             "verdict": "great"}]}}, "verdict must be"),
     "hostile-field": ({**WHOLE, "2.json": {**WHOLE["2.json"], "results": [{"name": "b", "stage": "properties",

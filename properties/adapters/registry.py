@@ -34,6 +34,7 @@ ENTRY_POINT_GROUP = "mha_verify.adapters"
 _EXACT: tuple[Adapter, ...] = (TorchMHAAdapter(), QKVAdapter(), QueryKeyValueAdapter(), LinearQKVAdapter())
 _REGISTRY: list[Adapter] = [*_EXACT, *STRUCTURAL]
 _entry_points_loaded = False
+_entry_point_error: str | None = None
 
 
 def _checked(obj: object, source: str) -> Adapter:
@@ -59,16 +60,26 @@ def register(adapter: Adapter | type[Adapter], *, first: bool = False) -> Adapte
 
 
 def _load_entry_points() -> None:
-    global _entry_points_loaded
+    """Register the adapters installed packages declare. One that cannot be loaded is a usage
+    error naming it, on this call and every later one: the gate never goes on with the rest of
+    the registry as if the broken adapter had not been asked for."""
+    global _entry_points_loaded, _entry_point_error
+    if _entry_point_error is not None:
+        raise ValueError(_entry_point_error)
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             register(ep.load())
+            continue
+        except SystemExit as exc:  # sys.exit() while imported: without this the gate ended green, silent
+            why = f"called sys.exit({exc.code!r}) while loading"
         except Exception as exc:
-            raise ValueError(f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {type(exc).__name__}: "
-                             f"{exc}") from None
+            why = f"{type(exc).__name__}: {exc}"
+        first_line = (why.strip().splitlines() or [""])[0][:300]
+        _entry_point_error = f"entry point {ep.name} = {ep.value} ({ENTRY_POINT_GROUP}): {first_line}"
+        raise ValueError(_entry_point_error)
 
 
 def adapters() -> tuple[Adapter, ...]:
