@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 
 def positive_int(text: str) -> int:
@@ -13,6 +14,24 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def process_count(text: str) -> int:
+    """A number of processes to run side by side: 1 up to the usable cores. More would only
+    contend for them, and a thousand would each import torch until the memory is gone."""
+    value = positive_int(text)
+    most = usable_cores()
+    if value > most:
+        raise argparse.ArgumentTypeError(f"expected at most {most} (the cores this machine lets it use), got {value}")
     return value
 
 

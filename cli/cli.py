@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from mha_verify import VERSION_RULE, __version__
-from mha_verify.arg_types import finite_positive, positive_int, seed
+from mha_verify.arg_types import finite_positive, positive_int, process_count, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, EXIT_USAGE
 from mha_verify.shards import parse_shard
@@ -74,7 +74,7 @@ def add_check_parser(sub: argparse._SubParsersAction) -> None:
                    help="seconds per check before it counts as hung (default: 60, or 0.6 per example if more)")
     p.add_argument("--no-isolation", action="store_true",
                    help="run checks in this process (faster start; a crash then ends the gate)")
-    p.add_argument("--jobs", type=positive_int, default=None,
+    p.add_argument("--jobs", type=process_count, default=None,
                    help="worker processes running checks side by side (default: one per core)")
     p.add_argument("--shard", type=parse_shard, default=None, metavar="I/N",
                    help="run only the I-th of N parts of the checks (the same split on every machine, balanced by "

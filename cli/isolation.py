@@ -123,10 +123,9 @@ def _context() -> Any:
 
 def default_jobs() -> int:
     """Workers for the gate: one per core this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    from mha_verify.arg_types import usable_cores
+
+    return usable_cores()
 
 
 def start_server(target_spec: str | None = None) -> None:

@@ -7,7 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mha_verify.arg_types import positive_int, positive_seconds, seed
+from mha_verify.arg_types import positive_int, positive_seconds, process_count, seed
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
 from mha_verify.shards import parse_shard
 from mha_verify.sweep_rows import Row
@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--sample", type=positive_int, default=None, metavar="N",
                     help="a seeded random sample of N of the (matching) classes")
     sp.add_argument("--seed", type=seed, default=0, help="the sample's seed (default 0)")
-    sp.add_argument("--jobs", type=positive_int, default=1, help="classes checked side by side (default 1)")
+    sp.add_argument("--jobs", type=process_count, default=1, help="classes checked side by side (default 1)")
     sp.add_argument("--build-timeout", type=positive_seconds, default=120.0,
                     help="seconds to import, build and call one class (default 120)")
     sp.add_argument("--class-timeout", type=positive_seconds, default=900.0,

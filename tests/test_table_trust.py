@@ -177,3 +177,13 @@ def test_a_broken_adapter_entry_point_is_a_usage_error_naming_it(body: str, word
         proc = cli(*args, env=env, timeout=300)
         one_line_refusal(proc, "entry point broken = brokenadapter:Adapter (mha_verify.adapters)")
         assert words in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["check", "--no-export"], ["sweep", LIB, "--out", "unused"]],
+                         ids=["check", "sweep"])
+def test_more_jobs_than_cores_are_refused(command: list[str]) -> None:
+    from mha_verify.arg_types import usable_cores
+
+    proc = cli(*command, "--jobs", str(usable_cores() + 1), timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"expected at most {usable_cores()} (the cores this machine lets it use)" in proc.stderr
