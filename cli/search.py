@@ -31,14 +31,47 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from asyncio import CancelledError
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from mha_verify.properties.engine.results import CheckResult
 
 #: seconds a round still running at the deadline may take to finish
 GRACE = 60.0
+#: seconds a scheduler may take to answer one request (the connection with its handshake, a
+#: result, a cancellation): Dask's own timeouts leave the handshake and an rpc unbounded, so a
+#: server that accepts and never answers would hang the search past its deadline
+ANSWER = 10.0
+
+T = TypeVar("T")
+
+
+def _within(seconds: float, what: str, call: Callable[[], T]) -> T:
+    """``call()``, or TimeoutError naming ``what`` when it has not returned in ``seconds``.
+
+    It runs in a daemon thread, left behind when it hangs: a Dask call blocked on a silent
+    socket cannot be interrupted, but it must not hold the process (or its exit) with it.
+    """
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name=f"mha-verify: {what}")
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not answer in {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 @dataclass(frozen=True)
@@ -91,10 +124,14 @@ def _summary(name: str, tally: _Tally, seconds: float) -> CheckResult:
                        reason=f"no failure in {searched}")
 
 
-def search(opts: SearchOptions, *, log: Callable[[str], None] = lambda s: None) -> list[CheckResult]:
+def search(opts: SearchOptions, *, log: Callable[[str], None] = lambda s: None,
+           ready: Callable[[], None] = lambda: None) -> list[CheckResult]:
     """Search until ``opts.seconds`` have passed; one result per property, in ``opts.names`` order.
+    ``ready`` is called once the cluster is up or the scheduler answered, before the first round.
 
-    ValueError when the engine is missing or the scheduler cannot be reached.
+    ValueError when the engine is missing or the scheduler cannot be reached (within :data:`ANSWER`
+    seconds). A scheduler that stops answering mid-run ends it by ``seconds`` + :data:`GRACE` +
+    a few :data:`ANSWER` s; the rounds it did not hand back are not counted.
     """
     try:
         from distributed import Client, LocalCluster, wait
@@ -111,13 +148,17 @@ def search(opts: SearchOptions, *, log: Callable[[str], None] = lambda s: None) 
                                    dashboard_address=None, silence_logs=logging.ERROR)
             client = Client(cluster)
         else:
-            client = Client(opts.scheduler, timeout="10s")
+            address = opts.scheduler
+            client = _within(ANSWER, f"the scheduler at {address}",
+                             lambda: Client(address, timeout=ANSWER))
+        nthreads = _within(ANSWER, "the scheduler", client.nthreads)
     except (OSError, TimeoutError) as exc:
         if cluster is not None:
             cluster.close()
         raise ValueError(f"cannot start the Dask cluster or reach --scheduler {opts.scheduler!r}: {exc}") from None
+    ready()
     try:
-        slots = max(1, sum(client.nthreads().values()))
+        slots = max(1, sum(nthreads.values()))
         threads = max(1, (os.cpu_count() or 1) // slots) if opts.scheduler is None else 1
         tallies = {name: _Tally() for name in opts.names}
         active = list(opts.names)
@@ -136,15 +177,20 @@ def search(opts: SearchOptions, *, log: Callable[[str], None] = lambda s: None) 
                                    pure=False)
             pending[future] = name
 
-        while True:
+        answering = True
+        while answering:
             while time.monotonic() < deadline and active and len(pending) < slots:
                 submit()
             if not pending:
                 break
             left = deadline + GRACE - time.monotonic()
             if left <= 0:
-                client.cancel(list(pending))
-                log(f"search: {len(pending)} rounds still running {GRACE:g} s past the deadline were cancelled")
+                late = f"search: {len(pending)} rounds still running {GRACE:g} s past the deadline"
+                try:
+                    _within(ANSWER, "the scheduler", lambda: client.cancel(list(pending)))
+                    log(f"{late} were cancelled")
+                except TimeoutError as exc:
+                    log(f"{late} were left to the cluster: {exc}")
                 break
             try:
                 done, _ = wait(list(pending), timeout=min(left, 5.0), return_when="FIRST_COMPLETED")
@@ -154,7 +200,15 @@ def search(opts: SearchOptions, *, log: Callable[[str], None] = lambda s: None) 
                 name = pending.pop(future)
                 tally = tallies[name]
                 try:
-                    (result,) = future.result()
+                    (result,) = future.result(timeout=ANSWER)
+                except TimeoutError:  # the cluster stopped answering: every later wait would be as long
+                    log(f"search: a round of {name} finished but the cluster did not hand its result back in "
+                        f"{ANSWER:g} s: the search ends with the rounds counted so far")
+                    answering = False
+                    break
+                except CancelledError:  # the scheduler lost it (restarted, or its connection dropped)
+                    log(f"search: a round of {name} was lost by the scheduler; not counted")
+                    continue
                 except Exception as exc:  # the worker died in the round (a crash of the target): its failure
                     result = CheckResult(name, "search", "fail", reason=f"the round's worker failed: "
                                                                         f"{type(exc).__name__}: {exc}")
@@ -184,6 +238,6 @@ def search(opts: SearchOptions, *, log: Callable[[str], None] = lambda s: None) 
                 log(f"search: {r.name}: {r.reason}")
         return results
     finally:
-        client.close()
+        client.close(timeout=ANSWER)
         if cluster is not None:
             cluster.close()

@@ -6,7 +6,7 @@ import argparse
 import secrets
 import sys
 
-from mha_verify.arg_types import positive_int, positive_seconds, seed
+from mha_verify.arg_types import positive_int, positive_seconds, process_count, seed
 from mha_verify.escape import printable
 from mha_verify.exit_codes import usage_error
 
@@ -24,10 +24,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     sp.add_argument("--database", metavar="DIR|URL", required=True,
                     help="the example database every worker feeds: a (shared) folder or redis://host:port/db")
     sp.add_argument("--seconds", type=positive_seconds, required=True, help="how long to search")
-    sp.add_argument("--workers", type=positive_int, default=None,
-                    help="worker processes of the local cluster (default: one per core)")
+    sp.add_argument("--workers", type=process_count, default=None,
+                    help="worker processes of the local cluster, at most one per core this process may use "
+                         "(default: one per core); more machines join through --scheduler")
     sp.add_argument("--scheduler", metavar="ADDRESS", default=None,
-                    help="a running Dask scheduler (tcp://HOST:8786) whose workers do the rounds, on any machines")
+                    help="a running Dask scheduler (tcp://HOST:8786) whose workers do the rounds, on any machines; "
+                         "one that does not answer within seconds is a usage error")
     sp.add_argument("--only", default=None, metavar="NAMES", help="comma-separated properties to search")
     sp.add_argument("--examples", type=positive_int, default=200, help="random examples per round (default 200)")
     sp.add_argument("--seed", type=seed, default=None, help="seed of the rounds (default: a random one, printed)")
@@ -68,11 +70,14 @@ def run_search(args: argparse.Namespace) -> int:
                          workers=args.workers or default_jobs(), scheduler=args.scheduler, examples=args.examples,
                          seed=chosen_seed, dtype=args.dtype)
     where = args.scheduler or f"a local Dask cluster of {opts.workers} workers"
-    print(f"mha-verify: searching {spec} for {args.seconds:g} s on {where}, seed {chosen_seed}, "
-          f"{len(props)} properties, {args.examples} examples a round, database {databases.redact(args.database)}",
-          file=sys.stderr, flush=True)
-    try:
-        results = search(opts, log=lambda line: print(printable(line), file=sys.stderr, flush=True))
+    banner = (f"mha-verify: searching {spec} for {args.seconds:g} s on {where}, seed {chosen_seed}, "
+              f"{len(props)} properties, {args.examples} examples a round, database {databases.redact(args.database)}")
+
+    def say(line: str) -> None:
+        print(printable(line), file=sys.stderr, flush=True)
+
+    try:  # the banner once the cluster answers: a scheduler that does not is the one line of a usage error
+        results = search(opts, log=say, ready=lambda: say(banner))
     except ValueError as exc:
         return usage_error(str(exc))
     gate_outputs.print_results(results)

@@ -32,6 +32,8 @@ CONVENTIONS: dict[str, tuple[str, ...]] = {"fully_masked": ("zeros", "uniform", 
                                            "causal": ("true", "false"), "scale": ()}
 
 Dim = int | str | None
+#: the metadata keys every mha-verify export writes: its q, k, v are batch-first
+_EXPORT_METADATA = frozenset({"exporter", "opset", "dtype"})
 
 _BATCH_NAME = re.compile(r"^(b|n|bs|bsz|nb|batch|batches|batch_?size|n_?batch|num_?batch\w*|\w*_batch)$", re.I)
 _SEQ_NAME = re.compile(r"^(l|s|t|lq|lk|lv|len|seq|seqlen|seq_?len\w*|\w*_seq_?len\w*|sequence\w*|\w*length\w*|"
@@ -90,27 +92,25 @@ def _show(dims: Sequence[Dim]) -> str:
 def read_layout(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]] | None,
                 mask: tuple[str, Sequence[Dim]] | None, metadata: Mapping[str, str],
                 declared: Mapping[str, str]) -> tuple[str, str]:
-    """(layout, source) of q/x ``first`` (name, dims), with k's and the mask's dims as evidence."""
+    """(layout, source) of q/x ``first`` (name, dims), with k's and the mask's dims as evidence.
+
+    A declaration wins over the axis names, which only suggest; one that contradicts what the
+    file states (its metadata) or what its shared axes prove is a ValueError naming both: every
+    property judged under it would fail for the reading, not for the model.
+    """
+    name, dims = first
     if "layout" in declared:
-        return _checked(declared["layout"], LAYOUTS, "--layout"), "declared"
+        layout = _checked(declared["layout"], LAYOUTS, "--layout")
+        stated = _stated_layout(first, key, mask, metadata)
+        if stated is not None and stated[0] != layout:
+            raise ValueError(f"--layout {layout} contradicts the model: {name} {_show(dims)} is {stated[0]} "
+                             f"({stated[1]}): pass --layout {stated[0]} or leave it out")
+        return layout, "declared"
     if "layout" in metadata:
         return _checked(metadata["layout"].replace("_", "-"), LAYOUTS, "the model's metadata 'layout'"), "metadata"
-    if {"exporter", "opset", "dtype"} <= metadata.keys():
+    if metadata.keys() >= _EXPORT_METADATA:
         return "batch-first", "mha-verify's export metadata"
-    name, dims = first
-    votes: dict[str, list[str]] = {"batch-first": [], "seq-first": []}
-    if key is not None:
-        kname, kd = key
-        if _same(dims[0], kd[0]) and _distinct(dims[1], kd[1]):
-            votes["batch-first"].append(f"{name} and {kname} share axis 0 ({dims[0]!r}) but not axis 1")
-        if _same(dims[1], kd[1]) and _distinct(dims[0], kd[0]):
-            votes["seq-first"].append(f"{name} and {kname} share axis 1 ({dims[1]!r}) but not axis 0")
-    if mask is not None and len(mask[1]) >= 3:
-        mname, md = mask
-        if _same(md[-2], dims[1]) and not _same(md[-2], dims[0]):
-            votes["batch-first"].append(f"mask {mname}'s query axis is {name}'s axis 1 ({dims[1]!r})")
-        if _same(md[-2], dims[0]) and not _same(md[-2], dims[1]):
-            votes["seq-first"].append(f"mask {mname}'s query axis is {name}'s axis 0 ({dims[0]!r})")
+    votes = _shared_axis_votes(first, key, mask)
     for axis, other in ((0, "seq-first"), (1, "batch-first")):
         d = dims[axis]
         if isinstance(d, str) and _BATCH_NAME.match(d):
@@ -127,6 +127,42 @@ def read_layout(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]]
                         f"(seq-first): {flag}")
     raise Ambiguous(f"cannot tell whether {name} {_show(dims)} is (B, L, D) or (L, B, D): no axis name or shared "
                     f"axis says which: {flag}")
+
+
+def _stated_layout(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]] | None,
+                   mask: tuple[str, Sequence[Dim]] | None, metadata: Mapping[str, str]) -> tuple[str, str] | None:
+    """(layout, why) where the file settles it beyond a declaration: a valid metadata 'layout',
+    mha-verify's export metadata, or shared axes that all say one layout; else None. (An invalid
+    metadata value is what a declaration replaces, not a contradiction.)"""
+    said = metadata.get("layout", "").replace("_", "-")
+    if said in LAYOUTS:
+        return said, f"the model's metadata 'layout' is {metadata['layout']!r}"
+    if metadata.keys() >= _EXPORT_METADATA:
+        return "batch-first", "mha-verify's export metadata"
+    votes = _shared_axis_votes(first, key, mask)
+    found = [layout for layout, why in votes.items() if why]
+    return (found[0], "; ".join(votes[found[0]])) if len(found) == 1 else None
+
+
+def _shared_axis_votes(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]] | None,
+                       mask: tuple[str, Sequence[Dim]] | None) -> dict[str, list[str]]:
+    """{layout: why} from the axes q shares with k and the mask: q and k share B, not their
+    lengths; a mask's query axis is q's length axis."""
+    name, dims = first
+    votes: dict[str, list[str]] = {"batch-first": [], "seq-first": []}
+    if key is not None:
+        kname, kd = key
+        if _same(dims[0], kd[0]) and _distinct(dims[1], kd[1]):
+            votes["batch-first"].append(f"{name} and {kname} share axis 0 ({dims[0]!r}) but not axis 1")
+        if _same(dims[1], kd[1]) and _distinct(dims[0], kd[0]):
+            votes["seq-first"].append(f"{name} and {kname} share axis 1 ({dims[1]!r}) but not axis 0")
+    if mask is not None and len(mask[1]) >= 3:
+        mname, md = mask
+        if _same(md[-2], dims[1]) and not _same(md[-2], dims[0]):
+            votes["batch-first"].append(f"mask {mname}'s query axis is {name}'s axis 1 ({dims[1]!r})")
+        if _same(md[-2], dims[0]) and not _same(md[-2], dims[1]):
+            votes["seq-first"].append(f"mask {mname}'s query axis is {name}'s axis 0 ({dims[0]!r})")
+    return votes
 
 
 def read_mask_axes(mask: tuple[str, Sequence[Dim]], batch: Dim, lq: Dim, lk: Dim, metadata: Mapping[str, str],
@@ -175,7 +211,12 @@ def read_mask_kind(name: str, is_bool: bool, metadata: Mapping[str, str], declar
     allowed = BOOL_KINDS if is_bool else FLOAT_KINDS
     what = f"mask input {name} ({'bool' if is_bool else 'float'})"
     if "mask_kind" in declared:
-        return _checked(declared["mask_kind"], allowed, f"--mask-kind for {what}"), "declared", True
+        kind = _checked(declared["mask_kind"], allowed, f"--mask-kind for {what}")
+        said = metadata.get("mask_kind")
+        if said in allowed and said != kind:
+            raise ValueError(f"--mask-kind {kind} contradicts the model: the metadata 'mask_kind' of {what} is "
+                             f"{said!r}: pass --mask-kind {said} or leave it out")
+        return kind, "declared", True
     if "mask_kind" in metadata:
         return _checked(metadata["mask_kind"], allowed, f"the metadata 'mask_kind' of {what}"), "metadata", True
     if is_bool and "key_padding_mask" in name.lower():
@@ -187,14 +228,19 @@ def read_mask_kind(name: str, is_bool: bool, metadata: Mapping[str, str], declar
 
 def parse_conventions(text: str | None) -> dict[str, str]:
     """``"fully_masked=uniform,causal=true"`` -> {"fully_masked": "uniform", ...}; ValueError naming
-    an unknown key or value."""
+    an unknown key or value, or a key given twice (which of its values was meant is not ours to pick)."""
     out: dict[str, str] = {}
+    given: dict[str, str] = {}
     for part in (text or "").split(","):
         if not part.strip():
             continue
         key, sep, value = (s.strip() for s in part.partition("="))
         if not sep or key not in CONVENTIONS:
             raise ValueError(f"--conventions takes KEY=VALUE pairs with KEY in {', '.join(CONVENTIONS)}, got {part!r}")
+        if key in given:
+            raise ValueError(f"--conventions gives {key} twice ({key}={given[key]!r} and {key}={value!r}): "
+                             f"give each key once")
+        given[key] = value
         out[key] = _convention(key, value, f"--conventions {key}")
     return out
 
