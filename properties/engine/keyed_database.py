@@ -5,7 +5,9 @@ function for every property and target, so every check would share one key: a fa
 ``fully_masked_rows`` on one target would be replayed first for every other property and
 target. ``keyed(settings, key)`` gives the check a database whose keys all start with its
 own ``key``, a plain ``ExampleDatabase`` subclass (Hypothesis's documented way to write a
-database) over whatever database the settings had.
+database) over whatever database the settings had, read through
+:class:`~mha_verify.properties.engine.databases.GuardedDatabase`: a bad entry of a shared
+database is skipped with a warning, never a failure of the check.
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from collections.abc import Iterable
 from hypothesis import settings as Settings
 from hypothesis.database import ExampleDatabase
 
+from mha_verify.properties.engine.databases import GuardedDatabase
+
 
 class PrefixedDatabase(ExampleDatabase):
-    """``inner`` with every key prefixed by ``prefix`` and a NUL byte: disjoint key spaces per prefix.
+    """``inner`` with every key prefixed by ``prefix`` and a NUL byte: disjoint key spaces per prefix,
+    each read and written through a :class:`GuardedDatabase` of ``inner``.
 
     >>> from hypothesis.database import InMemoryExampleDatabase
     >>> inner = InMemoryExampleDatabase()
@@ -33,18 +38,19 @@ class PrefixedDatabase(ExampleDatabase):
         if not isinstance(prefix, bytes) or not prefix:
             raise ValueError(f"prefix must be non-empty bytes, got prefix={prefix!r}")
         self.inner, self.prefix = inner, prefix + b"\0"
+        self._guarded = inner if isinstance(inner, GuardedDatabase) else GuardedDatabase(inner)
 
     def save(self, key: bytes, value: bytes) -> None:
-        self.inner.save(self.prefix + key, value)
+        self._guarded.save(self.prefix + key, value)
 
     def fetch(self, key: bytes) -> Iterable[bytes]:
-        return self.inner.fetch(self.prefix + key)
+        return self._guarded.fetch(self.prefix + key)
 
     def delete(self, key: bytes, value: bytes) -> None:
-        self.inner.delete(self.prefix + key, value)
+        self._guarded.delete(self.prefix + key, value)
 
     def move(self, src: bytes, dest: bytes, value: bytes) -> None:
-        self.inner.move(self.prefix + src, self.prefix + dest, value)
+        self._guarded.move(self.prefix + src, self.prefix + dest, value)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, PrefixedDatabase) and (self.inner, self.prefix) == (other.inner, other.prefix)
