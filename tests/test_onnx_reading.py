@@ -41,6 +41,46 @@ def test_a_file_that_contradicts_itself_is_a_usage_error() -> None:
         read_layout(("q", ("batch", "n", 16)), ("k", ("lk", "n", 16)), None, {}, {})
 
 
+@pytest.mark.parametrize(("x", "layout"), [
+    (("b", "n", 16), "batch-first"),  # timm's (B, N, C): N is the length
+    (("B", "N", 16), "batch-first"),
+    (("batch", "n", 16), "batch-first"),
+    (("l", "n", 16), "seq-first"),  # torch's (L, N, E): N is the batch
+    (("seq", "N", 16), "seq-first"),
+    (("t", "n", 16), "seq-first"),
+    (("N", "L", 16), "batch-first"),  # torch's batch_first (N, L, E)
+], ids=["timm-b-n", "timm-B-N", "batch-n", "torch-l-n", "seq-N", "t-n", "torch-N-L"])
+def test_n_is_read_beside_the_other_axis_name(x: tuple, layout: str) -> None:
+    got, source = read_layout(("x", x), None, None, {}, {})
+    assert got == layout, source
+    assert "'n'" in source.lower()  # the reading says it took N as the other axis
+
+
+@pytest.mark.parametrize("x", [("x0", "N", 16), ("x0", "n", 7)], ids=["x-N", "x-n-static"])
+def test_n_second_alone_is_a_usage_error_naming_the_flag(x: tuple) -> None:
+    """N second is torch's batch in (L, N, E) and timm's length in (B, N, C)."""
+    with pytest.raises(Ambiguous, match=r"cannot tell whether x .*torch's \(L, N, E\).*pass --layout batch-first"):
+        read_layout(("x", x), None, None, {}, {})
+
+
+@pytest.mark.parametrize("x", [("n", "x1", 16), ("N", 7, 16)], ids=["n-x", "N-static"])
+def test_n_first_is_the_batch(x: tuple) -> None:
+    """Only torch's (N, L, E) puts an N first, as its batch."""
+    got, source = read_layout(("x", x), None, None, {}, {})
+    assert got == "batch-first" and "comes first" in source, source
+
+
+def test_n_alone_is_settled_by_a_shared_axis() -> None:
+    assert read_layout(("q", ("n", "lq", 16)), ("k", ("n", "lk", 16)), None, {}, {})[0] == "batch-first"
+    assert read_layout(("q", ("x0", "n", 16)), ("k", ("x1", "n", 16)), None, {}, {})[0] == "seq-first"
+
+
+def test_two_batch_names_are_still_a_contradiction() -> None:
+    with pytest.raises(Ambiguous, match=r"contradicts itself.*'batch' \(batch-first\), but .*'batch_size' "
+                                        r"\(seq-first\)"):
+        read_layout(("x", ("batch", "batch_size", 16)), None, None, {}, {})
+
+
 def test_a_declaration_or_metadata_wins_and_is_checked() -> None:
     unnamed = ("q", ("a0", "a1", 16))
     assert read_layout(unnamed, None, None, {}, {"layout": "seq-first"}) == ("seq-first", "declared")

@@ -1,7 +1,7 @@
 """``validate`` on the models deployment scripts write: torch MHA seq-first with a key padding mask,
-torch's (B*H, Lq, Lk) and bool (Lq, Lk) masks, a bare ONNX ``Attention`` operator. Each feed is
-held against the eager module itself (independent of the reading under test), and what the file
-cannot say is a usage error naming the flag."""
+torch's (B*H, Lq, Lk) and bool (Lq, Lk) masks, timm's self-attention on x (B, N, C), a bare ONNX
+``Attention`` operator. Each feed is held against the eager module itself (independent of the
+reading under test), and what the file cannot say is a usage error naming the flag."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from onnx import TensorProto
 from onnx import helper as oh
 from torch import nn
 
+from mha_verify.mha import MultiHeadAttention
 from mha_verify.properties.engine import profiles
 from mha_verify.properties.onnx.interface import read_interface
 from mha_verify.properties.onnx.ort_target import OrtInstance, make_session, params_from_graph
@@ -121,6 +122,28 @@ def test_an_unnamed_layout_is_a_usage_error_naming_the_flag(tmp_path: Path) -> N
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "pass --layout batch-first" in run.stderr, run.stderr
     assert read_interface(path, n_head=H, declared={"layout": "seq-first"}).reading.layout == "seq-first"
+
+
+class _TimmAttention(nn.Module):
+    """timm's self-attention on x (B, N, C), N the sequence: the reference layer on one input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.attn = MultiHeadAttention(D, H, dropout=0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(x, x, x)
+
+
+def test_timm_axis_names_b_n_read_as_batch_first(tmp_path: Path) -> None:
+    path = _export(_TimmAttention(), tmp_path / "timm.onnx", (torch.randn(B, LQ, D),), ["x"],
+                   {"x": {0: "b", 1: "n"}, "out": {0: "b", 1: "n"}})
+    # the graph's own weights: agreement with the oracle holds only if x is fed as (B, L, D)
+    results = validate_model(path, settings=profiles.PROFILES["quick"], opt_levels=("opt-all",),
+                             checks=("oracle_agreement",), n_head=H)
+    assert results[0].details["inputs"] == {"x": ["b", "n", D]}
+    assert results[1].verdict == "pass" and results[1].examples > 0, results[1]
 
 
 def _attention_op(path: Path, *, causal: int = 0) -> Path:

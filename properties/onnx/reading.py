@@ -5,9 +5,10 @@ Each reading comes with its source, in this order: a declaration (``validate --l
 ``--mask-axes``, ``--mask-kind``), the file's metadata (``layout``, ``mask_axes``,
 ``mask_kind``), mha-verify's own export metadata, then the evidence of the dimensions: the
 symbols the inputs share (q and k share B, not their lengths; a mask's last axes are Lq and
-Lk), the names of the symbols (``batch``, ``seq_len``) and of the inputs
-(``key_padding_mask``). Evidence that contradicts itself, or none at all, is an
-:class:`Ambiguous` reading: a usage error naming the flag that tells it. Nothing here guesses.
+Lk), the names of the symbols (``batch``, ``seq_len``; an ``n``, torch's batch but timm's length,
+by the name beside it) and of the inputs (``key_padding_mask``). Evidence that contradicts
+itself, or none at all, is an :class:`Ambiguous` reading: a usage error naming the flag that
+tells it. Nothing here guesses.
 
 Values read from the file are checked against fixed vocabularies; nothing read becomes code.
 """
@@ -35,9 +36,12 @@ Dim = int | str | None
 #: the metadata keys every mha-verify export writes: its q, k, v are batch-first
 _EXPORT_METADATA = frozenset({"exporter", "opset", "dtype"})
 
-_BATCH_NAME = re.compile(r"^(b|n|bs|bsz|nb|batch|batches|batch_?size|n_?batch|num_?batch\w*|\w*_batch)$", re.I)
+_BATCH_NAME = re.compile(r"^(b|bs|bsz|nb|batch|batches|batch_?size|n_?batch|num_?batch\w*|\w*_batch)$", re.I)
 _SEQ_NAME = re.compile(r"^(l|s|t|lq|lk|lv|len|seq|seqlen|seq_?len\w*|\w*_seq_?len\w*|sequence\w*|\w*length\w*|"
                        r"src_?len|tgt_?len|q_?len|kv?_?len|tokens?|num_tokens|time|steps?|positions?)$", re.I)
+#: names that are the batch in one naming and the length in another: N is the batch in torch's
+#: (L, N, E) and (N, L, E), the sequence in timm's (B, N, C); only the other axis's name tells which
+_EITHER_NAME = re.compile(r"^n$", re.I)
 _BH_NAME = re.compile(r"(\*|^bh$|^b_?h$|^batch_?heads?$|^batch_?x_?heads?$)", re.I)
 
 
@@ -111,12 +115,8 @@ def read_layout(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]]
     if metadata.keys() >= _EXPORT_METADATA:
         return "batch-first", "mha-verify's export metadata"
     votes = _shared_axis_votes(first, key, mask)
-    for axis, other in ((0, "seq-first"), (1, "batch-first")):
-        d = dims[axis]
-        if isinstance(d, str) and _BATCH_NAME.match(d):
-            votes["batch-first" if axis == 0 else "seq-first"].append(f"{name}'s axis {axis} is named {d!r}")
-        if isinstance(d, str) and _SEQ_NAME.match(d):
-            votes[other].append(f"{name}'s axis {axis} is named {d!r}")
+    for layout, why in _axis_name_votes(name, dims).items():
+        votes[layout] += why
     found = [layout for layout, why in votes.items() if why]
     if len(found) == 1:
         return found[0], "; ".join(votes[found[0]])
@@ -125,8 +125,38 @@ def read_layout(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]]
         raise Ambiguous(f"the file contradicts itself on the layout of {name} {_show(dims)}: "
                         f"{'; '.join(votes['batch-first'])} (batch-first), but {'; '.join(votes['seq-first'])} "
                         f"(seq-first): {flag}")
+    either = [d for d in dims[:2] if isinstance(d, str) and _EITHER_NAME.match(d)]
+    hint = (f" ({either[0]!r} is the batch in torch's (L, N, E) but the length in timm's (B, N, C), and no other "
+            f"axis's name says which)" if either else "")
     raise Ambiguous(f"cannot tell whether {name} {_show(dims)} is (B, L, D) or (L, B, D): no axis name or shared "
-                    f"axis says which: {flag}")
+                    f"axis says which{hint}: {flag}")
+
+
+def _axis_name_votes(name: str, dims: Sequence[Dim]) -> dict[str, list[str]]:
+    """{layout: why} from the names of q's axes 0 and 1, read together: a name that is the batch
+    in one naming and the length in another (:data:`_EITHER_NAME`) is the axis the name beside it
+    is not, and alone says nothing."""
+    votes: dict[str, list[str]] = {"batch-first": [], "seq-first": []}
+    for axis in (0, 1):
+        d, beside = dims[axis], dims[1 - axis]
+        if not isinstance(d, str):
+            continue
+        batch, seq = bool(_BATCH_NAME.match(d)), bool(_SEQ_NAME.match(d))
+        why = f"{name}'s axis {axis} is named {d!r}"
+        if _EITHER_NAME.match(d):
+            beside_batch = isinstance(beside, str) and bool(_BATCH_NAME.match(beside))
+            beside_seq = isinstance(beside, str) and bool(_SEQ_NAME.match(beside))
+            if beside_batch != beside_seq:  # a name beside it that says both (or neither) settles nothing
+                batch, seq = beside_seq, beside_batch
+                why += f", the {'batch' if batch else 'length'} beside {beside!r}"
+            elif axis == 0:  # only torch's (N, L, E) puts an N first, and there it is the batch
+                batch = True
+                why += ", the batch where it comes first (torch's (N, L, E); timm's N is second)"
+        if batch:
+            votes["batch-first" if axis == 0 else "seq-first"].append(why)
+        if seq:
+            votes["seq-first" if axis == 0 else "batch-first"].append(why)
+    return votes
 
 
 def _stated_layout(first: tuple[str, Sequence[Dim]], key: tuple[str, Sequence[Dim]] | None,
