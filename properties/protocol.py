@@ -68,6 +68,9 @@ class Conventions:
         other than ``fully_masked`` is then a finding "unspecified by its library", not a failure.
     mask_ignored: where the forward takes a mask argument that its own source says it does not use,
         those words (``mask`` is then empty): the mask properties are n/a of kind "ignored".
+    context_ignored: where the forward takes keys and values (``encoder_hidden_states``) and never
+        reads them, why (``cross_attention`` is then False): the cross-attention properties are n/a
+        of kind "ignored", and the layer is verified as the self-attention it computes.
     causal: the target applies a causal mask itself (query i sees keys j <= i).
     grads: gradients can be taken through it (False for an onnxruntime session).
     dropout: it has a dropout probability the harness can set (False: none, or not settable).
@@ -105,6 +108,7 @@ class Conventions:
     fully_masked: str = "zeros"
     rows_unspecified: str | None = None
     mask_ignored: str | None = None
+    context_ignored: str | None = None
     causal: bool = False
     grads: bool = True
     dropout: bool = True
@@ -182,6 +186,8 @@ class Conventions:
 
 #: why a property about masks cannot apply to a target that takes none (its strategies return it)
 NO_MASK = "the target's forward takes no mask"
+#: how the reason of a property that needs keys apart from the queries begins, on a self-attention layer
+SELF_ONLY = "self-attention only"
 
 
 def _subset(allowed: tuple[str, ...]) -> Callable[[object], frozenset[str]]:

@@ -56,6 +56,23 @@ def test_the_same_mask_dropped_silently_still_fails() -> None:
     assert got.verdict == "fail" and got.kind is None, got
 
 
+def test_keys_and_values_its_forward_never_reads_are_ignored_and_it_is_verified_as_self_attention() -> None:
+    """ErnieImage's single stream: encoder_hidden_states is in the signature, and the forward's
+    body never names it."""
+    target = load_target("tests.fixtures.kind_layers:ContextNeverRead")
+    for name in ("lk_equals_lv", "key_permutation", "masked_grad_zero"):
+        got = _run(name, target)
+        assert (got.verdict, got.kind) == ("n/a", "ignored"), got
+        assert "encoder_hidden_states is accepted and not used: its forward takes encoder_hidden_states and never " \
+               "reads it" in (got.reason or "")
+    assert _run("oracle_agreement", target).verdict == "pass"
+
+
+def test_keys_and_values_read_and_then_dropped_still_fail() -> None:
+    got = _run("oracle_agreement", load_target("tests.fixtures.kind_layers:ContextReadAndDropped"))
+    assert got.verdict == "fail" and got.kind is None, got
+
+
 @dataclasses.dataclass
 class _RowsUnspecified:
     """A target with the conventions its library would give: fully masked rows don't-care."""

@@ -5,9 +5,11 @@ facts (an exact mask shape, other operators between the scores and the softmax) 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import re
+import textwrap
 from typing import NamedTuple
 
 from torch import nn
@@ -71,6 +73,32 @@ def argument_ignored(module: nn.Module, name: str) -> str | None:
         for line in source.splitlines():
             if declared.match(line) and _IGNORED_NOTE.search(line):
                 return f"its source declares it so, in {where}: `{line.strip()}`"
+    return None
+
+
+def argument_unread(module: nn.Module, name: str) -> str | None:
+    """Where the layer takes parameter ``name`` and never reads it: the body of its forward (or,
+    where the forward has no such parameter, of its diffusers processor) names it nowhere, so
+    whatever is passed is dropped (ErnieImage's single-stream attention takes
+    ``encoder_hidden_states`` for the shared signature and hands its processor ``hidden_states``
+    alone); None where it is read, or the source cannot be parsed."""
+    for where, source in forward_sources(module):
+        try:
+            tree = ast.parse(textwrap.dedent(source))
+        except SyntaxError:
+            continue
+        fn = next((node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))),
+                  None)
+        if fn is None:
+            continue
+        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+        if name not in params:
+            continue
+        body = ast.Module(body=fn.body, type_ignores=[])
+        names = {node.id for node in ast.walk(body) if isinstance(node, ast.Name)}
+        if name in names or names & {"locals", "vars"}:  # read, or perhaps read through locals()
+            return None
+        return f"{where} takes {name} and never reads it: what is passed is dropped"
     return None
 
 

@@ -62,6 +62,7 @@ from mha_verify.properties.adapters.layer_attrs import (
 from mha_verify.properties.adapters.library_facts import (
     always_masked,
     argument_ignored,
+    argument_unread,
     library_format,
     library_of,
     read_sources,
@@ -121,6 +122,10 @@ class StructuralAdapter(Adapter):
         # keys = values through one argument (``key_value_states``, ``encoder_hidden_states``):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
+        unread = argument_unread(module, sig.context) if shared and sig.context is not None else None
+        context_ignored = None if unread is None else f"{sig.context} is accepted and not used: {unread}"
+        if context_ignored is not None:  # ErnieImage's single stream: verified as the self-attention it computes
+            shared = False
         joint_note = ""
         if shared and any(_JOINT.search(source) for _, source in forward_sources(module)):
             # joint attention (MotifVideo, SD3's kind): the context joins the sequence, it is not keys
@@ -157,6 +162,7 @@ class StructuralAdapter(Adapter):
             fully_masked=fully_masked,
             rows_unspecified=rows_unspecified(module) if has_mask else None,
             mask_ignored=None if ignored is None else f"{sig.mask} is accepted and not used: {ignored}",
+            context_ignored=context_ignored,
             causal=causal,
             dropout=has_dropout(module),
             scale=scale,
@@ -170,7 +176,7 @@ class StructuralAdapter(Adapter):
             softcap=softcap,
             position_bias=position_bias,
             notes=(f"adapter {self.name}", how,
-                   *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note,
+                   *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
                    + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),

@@ -31,7 +31,7 @@ from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
 from mha_verify.properties.engine.results import CheckResult
-from mha_verify.properties.protocol import NO_MASK, Conventions, NotApplicable, Subject, TargetError
+from mha_verify.properties.protocol import NO_MASK, SELF_ONLY, Conventions, NotApplicable, Subject, TargetError
 from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.strategies.size_cases import boundary_cases, forced_size_case, modest_size_cases
 
@@ -285,9 +285,11 @@ def _search(
     with contextlib.nullcontext() if reach == "full" else modest_size_cases():
         strategy = reason or strategy_fn(run_conv)
     if isinstance(strategy, str):
-        ignored = strategy == NO_MASK and conv.mask_ignored is not None  # its source says it does not use one
-        why = f"{strategy}: {conv.mask_ignored}" if ignored else strategy
-        return CheckResult(name, "properties", "n/a", reason=why, kind="ignored" if ignored else None,
+        # an argument the layer takes and its own source does not use: a mask, or keys and values
+        said = conv.mask_ignored if strategy == NO_MASK else \
+            conv.context_ignored if strategy.startswith(SELF_ONLY) else None
+        why = f"{strategy}: {said}" if said is not None else strategy
+        return CheckResult(name, "properties", "n/a", reason=why, kind="ignored" if said is not None else None,
                            seconds=time.perf_counter() - start,
                            details={"conventions": conventions}), None
     stats = _Stats()

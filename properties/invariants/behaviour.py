@@ -11,13 +11,13 @@ from mha_verify.properties.engine.applicable import examples_for, fully_masked
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.engine.sdpa_calls import UPSTREAM, SdpaCalls, passed_through
-from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
+from mha_verify.properties.protocol import SELF_ONLY, Conventions, Instance, NotApplicable
 from mha_verify.properties.strategies.examples import AttnExample, make_example
 
 
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
-        return "self-attention only: forward(x) cannot receive keys and values of different lengths"
+        return f"{SELF_ONLY}: forward(x) cannot receive keys and values of different lengths"
     if conv.kv_shared:
         return "keys and values arrive as one argument: they cannot have different lengths"
     return examples_for(conv, kinds=("none",))

@@ -24,7 +24,7 @@ from mha_verify.properties.engine.measure import (
     worst,
 )
 from mha_verify.properties.engine.registry import StrategyFn, invariant
-from mha_verify.properties.protocol import NO_MASK, Conventions, Instance
+from mha_verify.properties.protocol import NO_MASK, SELF_ONLY, Conventions, Instance
 from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.strategies.masks import build_keep
 
@@ -117,7 +117,7 @@ def _self_attention_masked_x(bound: Instance, ex: AttnExample, replace: torch.Te
 
 def _padding(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
-        return "self-attention only: x is key and query at once, so a masked key's gradient is not 0"
+        return f"{SELF_ONLY}: x is key and query at once, so a masked key's gradient is not 0"
     return examples_for(conv, kinds=("padding", "fully_masked_item"), need_mask=True)
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import Measure, close, relation_allowed, worst
 from mha_verify.properties.engine.registry import invariant
-from mha_verify.properties.protocol import Conventions, Instance
+from mha_verify.properties.protocol import SELF_ONLY, Conventions, Instance
 from mha_verify.properties.strategies.examples import AttnExample
 
 
@@ -61,7 +61,7 @@ def query_permutation(bound: Instance, ex: AttnExample) -> Measure:
 
 def _cross(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.cross_attention:
-        return "self-attention only: keys cannot be permuted without permuting queries"
+        return f"{SELF_ONLY}: keys cannot be permuted without permuting queries"
     if _positional(conv):
         return _positional(conv)
     return examples_for(conv, min_len=2)
