@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -31,6 +28,7 @@ from mha_verify.properties.engine.databases import (
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.targets.eager import load_target
+from tests.redis_server import free_port, redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "s3cret"
@@ -43,12 +41,6 @@ FAILING = ["check", "--no-export", "--only", "fully_masked_rows", "--max-example
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mha_verify.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _warnings(stderr: str) -> list[str]:
@@ -100,41 +92,12 @@ def _assert_hidden(got: subprocess.CompletedProcess[str], secrets: list[str], fi
 def test_unreachable_redis_shows_no_password(url: str, secrets: list[str], tmp_path: Path) -> None:
     """Nothing listens on the port: a usage error (the redis package missing is one too), one line."""
     files = [tmp_path / "R.json", tmp_path / "R.xml", tmp_path / "R.html"]
-    got = cli(*CHECK, "--database", url.format(port=_free_port()), "--report", str(files[0]),
+    got = cli(*CHECK, "--database", url.format(port=free_port()), "--report", str(files[0]),
               "--junit", str(files[1]), "--html", str(files[2]))
     assert got.returncode == 2, got.stdout + got.stderr
     assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr, got.stderr
     _assert_hidden(got, secrets, files)
     assert not [f for f in files if f.exists()]
-
-
-@contextmanager
-def _redis_server(tmp: Path, *config: str) -> Iterator[int]:
-    """A redis-server of this test's own on a free port, without persistence; skipped with the
-    reason where none can start."""
-    redis = pytest.importorskip("redis", reason="the redis package is not installed (pip install 'mha-verify[redis]')")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no redis-server on PATH (Debian: apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp), *config], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        for _ in range(100):
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None:
-                    pytest.skip(f"redis-server did not start: {proc.stdout.read()[-300:] if proc.stdout else ''}")
-                time.sleep(0.1)
-        else:
-            pytest.skip("redis-server did not answer within 10 s")
-        del redis
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.mark.slow
@@ -148,7 +111,7 @@ def test_reports_of_a_password_protected_redis_show_no_password(
         form: str, config: list[str], secrets: list[str], tmp_path: Path) -> None:
     """The server is reached and the check fails: every output is written, the replay command
     (with its --database) among them."""
-    with _redis_server(tmp_path, *config) as port:
+    with redis_server(tmp_path, *config) as port:
         files = [tmp_path / "R.json", tmp_path / "R.xml", tmp_path / "R.html"]
         got = cli(*FAILING, "--database", form.format(port=port), "--report", str(files[0]),
                   "--junit", str(files[1]), "--html", str(files[2]))
@@ -259,7 +222,7 @@ def test_fifo_entry_does_not_hang_a_check_in_process(primary_key: bytes, tmp_pat
 def test_redis_key_of_the_wrong_type_is_skipped(kind: str, primary_key: bytes, tmp_path: Path) -> None:
     import redis
 
-    with _redis_server(tmp_path) as port:
+    with redis_server(tmp_path) as port:
         url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
         key = REDIS_PREFIX + primary_key

@@ -3,17 +3,15 @@ through a folder (shared storage) and through Redis (a real redis-server started
 
 from __future__ import annotations
 
-import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mha_verify.properties.engine.databases import open_database, redact
+from tests.redis_server import free_port, redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
 #: fails oracle_agreement on a batch of 2 or more with 3 keys or more: a search of 30 examples
@@ -27,41 +25,10 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=600)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A redis-server of this test's own on a free port, without persistence; skipped with the
-    reason where none can start."""
-    redis = pytest.importorskip("redis", reason="the redis package is not installed (pip install 'mha-verify[redis]')")
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("no redis-server on PATH (Debian: apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(tmp_path_factory.mktemp("redis"))],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1)
-        for _ in range(100):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if proc.poll() is not None:
-                    pytest.skip(f"redis-server did not start: {proc.stdout.read()[-300:] if proc.stdout else ''}")
-                time.sleep(0.1)
-        else:
-            pytest.skip("redis-server did not answer within 10 s")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with redis_server(tmp_path_factory.mktemp("redis")) as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 def _counterexample(out: str) -> str:
@@ -98,7 +65,7 @@ def test_failure_shared_through_redis(redis_url: str) -> None:
 
 def test_unreachable_redis_is_a_usage_error_without_the_password() -> None:
     pytest.importorskip("redis")
-    got = cli(*CHECK, "--max-examples", "1", "--database", f"redis://:hunter2@127.0.0.1:{_free_port()}/0")
+    got = cli(*CHECK, "--max-examples", "1", "--database", f"redis://:hunter2@127.0.0.1:{free_port()}/0")
     assert got.returncode == 2, got.stdout + got.stderr
     assert "cannot reach the Redis server" in got.stderr and "hunter2" not in got.stderr
     assert len(got.stderr.strip().splitlines()) == 1 and "Traceback" not in got.stderr
