@@ -30,6 +30,7 @@ from mha_verify.export.contrib_graph import GRAPH_LABEL, OPERATOR, contrib_model
 from mha_verify.export.graph_fixes import SELF_SOURCES, refresh_shapes, relax_mask_input, resource_mask_dims
 from mha_verify.export.opsets import ATTENTION_OP_OPSET, check_opset
 from mha_verify.export.wrapper import ExportWrapper, MaskFreeWrapper, SelfAttentionWrapper, example_inputs, mask_heads
+from mha_verify.mha.masks import causal_word
 from mha_verify.properties.adapters.registry import find_adapter
 from mha_verify.properties.targets.eager import Bound
 
@@ -290,7 +291,7 @@ def export_onnx(
             "d_model": str(bound.d_model), "n_head": str(bound.n_head),
             "mask_convention": MASK_CONVENTION if has_mask else NO_MASK_CONVENTION,
             "fully_masked": bound.conventions.fully_masked, "conventions": bound.conventions.describe(),
-            "causal": str(bound.conventions.causal).lower(),
+            "causal": causal_word(bound.conventions.causal),
             "exporter": exporter, "opset": str(opset),
             "dtype": dtype_name(dtype), "torch_version": torch.__version__, "mha_verify_version": _our_version(),
             "target": target_spec or f"{type(bound.module).__module__}.{type(bound.module).__qualname__}",

@@ -121,11 +121,56 @@ def rows_with_a_key(mask: torch.Tensor) -> torch.Tensor:
     return keep.any(dim=-1, keepdim=True)
 
 
-def causal_keep(lq: int, lk: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """bool (Lq, Lk): query i may attend to keys j <= i (top-left aligned, as SDPA's ``is_causal``)."""
+#: how a causal mask lines queries up with keys: "top_left" (query i sees keys j <= i: SDPA's
+#: ``is_causal``, torch's ``causal_upper_left``) or "bottom_right" (query i sees keys
+#: j <= i + Lk - Lq: the last query sees every key, as a KV-cache decode step or a chunked prefill
+#: needs; flash-attention >= 2.1, torch's ``causal_lower_right``). With Lq = Lk they coincide.
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def causal_alignment(causal: bool | str | None) -> str | None:
+    """A causal convention's value -> None (not causal), "top_left" or "bottom_right".
+
+    False and None are not causal; True is "top_left" (what ``causal=True`` always meant). Anything
+    else is a ValueError naming it.
+    """
+    if causal is None or causal is False:
+        return None
+    if causal is True:
+        return "top_left"
+    if isinstance(causal, str) and causal in CAUSAL_ALIGNMENTS:
+        return causal
+    raise ValueError(f"causal must be False, True (= 'top_left'), 'top_left' or 'bottom_right', got causal={causal!r}")
+
+
+def causal_word(causal: bool | str) -> str:
+    """A causal convention as the word an ONNX file's metadata and ``--conventions causal=`` use:
+    "false", "true" (top-left, as ONNX's ``is_causal``) or "bottom_right"."""
+    return {"top_left": "true", "bottom_right": "bottom_right"}.get(causal_alignment(causal) or "", "false")
+
+
+def causal_offset(lq: int, lk: int, align: bool | str = "top_left") -> int:
+    """How many keys past its own index query i sees: 0 top-left, Lk - Lq bottom-right (negative when Lq > Lk)."""
+    alignment = causal_alignment(align)
+    if alignment is None:
+        raise ValueError(f"align must be 'top_left' or 'bottom_right', got align={align!r}")
+    return lk - lq if alignment == "bottom_right" else 0
+
+
+def causal_keep(lq: int, lk: int, device: torch.device | str | None = None, *,
+                align: bool | str = "top_left") -> torch.Tensor:
+    """bool (Lq, Lk), True = may attend: query i sees keys j <= i + offset.
+
+    ``align`` (:data:`CAUSAL_ALIGNMENTS`; True is "top_left"): offset 0 top-left (SDPA's ``is_causal``),
+    Lk - Lq bottom-right (torch's ``causal_lower_right``). Bottom-right with Lq > Lk leaves the first
+    Lq - Lk query rows without any key: fully masked rows, which the layer's ``fully_masked``
+    convention decides. Example: ``causal_keep(1, 3, align="bottom_right")`` is [[True, True, True]]
+    (a decode step sees the whole cache), ``causal_keep(1, 3)`` is [[True, False, False]].
+    """
+    offset = causal_offset(lq, lk, align)
     rows = torch.arange(lq, device=device).unsqueeze(-1)  # (Lq, 1)
     cols = torch.arange(lk, device=device)  # (Lk,)
-    return cols <= rows
+    return cols <= rows + offset
 
 
 def kept_fraction(mask: torch.Tensor | None) -> float:
@@ -134,5 +179,5 @@ def kept_fraction(mask: torch.Tensor | None) -> float:
     return 1.0 if keep is None or keep.numel() == 0 else float(keep.float().mean())
 
 
-__all__ = ["additive_mask", "causal_keep", "full_keep", "fully_masked_rows", "keep_mask", "kept_fraction",
-           "rows_with_a_key"]
+__all__ = ["CAUSAL_ALIGNMENTS", "additive_mask", "causal_alignment", "causal_keep", "causal_offset", "causal_word",
+           "full_keep", "fully_masked_rows", "keep_mask", "kept_fraction", "rows_with_a_key"]

@@ -73,7 +73,7 @@ def _converted(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-    *, scoring: Scoring = TEXTBOOK, bias: torch.Tensor | None = None, causal: bool = False,
+    *, scoring: Scoring = TEXTBOOK, bias: torch.Tensor | None = None, causal: bool | str = False,
     fully_masked: str = "zeros", via_lse: bool = False, kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scores(q, k) + mask) v, computed in the dtype of q.
@@ -85,7 +85,9 @@ def attention(
             biases, applied exactly), broadcasting to (..., Lq, Lk).
         scoring: scale (default 1 / sqrt(Hd)), soft-cap and window (:mod:`mha.scoring`).
         bias: the position bias broadcasting to (..., Lq, Lk) (:meth:`PositionBias.heads`), or None.
-        causal: also remove keys j > i for query i (top-left aligned, as SDPA's ``is_causal``).
+        causal: also remove the keys causality hides (:func:`mha.masks.causal_keep`): True or "top_left",
+            keys j > i for query i (SDPA's ``is_causal``); "bottom_right", keys j > i + Lk - Lq (a decode
+            step's alignment; with Lq > Lk the first Lq - Lk rows are fully masked).
         fully_masked: what a query row with every key removed gets: "zeros" (our contract:
             zero weights, zero output), "uniform" (weights 1/Lk over all keys, as a layer that masks
             with ``finfo.min`` computes), "uniform_visible" (spread over the keys that causality and
@@ -110,7 +112,7 @@ def attention(
     score = scoring.scores(q, k, bias)  # (..., Lq, Lk)
     hard: torch.Tensor | None = None  # (Lq, Lk): the keys causality and the window leave, None = all
     if causal:
-        hard = causal_keep(score.shape[-2], score.shape[-1], score.device)
+        hard = causal_keep(score.shape[-2], score.shape[-1], score.device, align=causal)
         mask = hard if mask is None else _and(mask, hard)
     window = scoring.keep(score.shape[-2], score.shape[-1], causal, score.device)  # (Lq, Lk) or None
     if window is not None:
@@ -177,7 +179,7 @@ def _linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.T
 
 def multi_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool | str = False,
     fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed multi-head attention evaluated in ``dtype`` (float64 by default: the oracle).
@@ -195,7 +197,7 @@ def multi_head(
 
 def concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool | str = False,
     fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`multi_head` before its output projection: (heads concatenated (B, Lq, D), weights
@@ -207,7 +209,7 @@ def concat_heads(
 
 def _concat_heads(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: MHAParams, n_head: int, mask: torch.Tensor | None,
-    *, causal: bool, fully_masked: str, via_lse: bool = False, scoring: Scoring = TEXTBOOK,
+    *, causal: bool | str, fully_masked: str, via_lse: bool = False, scoring: Scoring = TEXTBOOK,
     kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`concat_heads` on inputs and weights already in one dtype, on autograd's graph."""
@@ -238,7 +240,7 @@ def _split(y: torch.Tensor, n: int, hd: int) -> torch.Tensor:
 
 def multi_head_graph(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, causal: bool = False, fully_masked: str = "zeros", via_lse: bool = False,
+    mask: torch.Tensor | None = None, *, causal: bool | str = False, fully_masked: str = "zeros", via_lse: bool = False,
     scoring: Scoring = TEXTBOOK, kernel: bool = False,
 ) -> torch.Tensor:
     """:func:`multi_head`'s output (B, Lq, D), differentiable: nothing is detached or converted.
@@ -254,7 +256,7 @@ def multi_head_graph(
 
 def same_precision(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype, oracle: torch.Tensor, causal: bool = False,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype, oracle: torch.Tensor, causal: bool | str = False,
     fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The "same-precision reference" that calibrates tolerances: :func:`multi_head` in ``dtype``.
@@ -285,7 +287,7 @@ def same_precision(
 
 def rounding_bound(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool = False, fully_masked: str = "zeros",
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool | str = False, fully_masked: str = "zeros",
     weights: torch.Tensor | None = None, scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bound, in float64, of how far rounding the scores in ``dtype`` moves the output
@@ -402,7 +404,7 @@ def head_mask(mask: torch.Tensor | None, i: int) -> torch.Tensor | None:
 
 def one_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int, i: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool | str = False,
     fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> torch.Tensor:
     """head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) alone: (B, Lq, Hd) in ``dtype``.
@@ -427,7 +429,7 @@ def one_head(
 
 def per_head(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool = False,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype = torch.float64, causal: bool | str = False,
     fully_masked: str = "zeros", scoring: Scoring = TEXTBOOK,
 ) -> torch.Tensor:
     """The paper's formulation: head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V), then

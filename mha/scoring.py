@@ -8,8 +8,9 @@ the oracle applies exactly, in this order, to the heads of one example.
 3. ``scale`` (None: 1 / sqrt(Hd)), then logit soft-capping ``cap * tanh(s / cap)`` (Gemma 2, Grok).
 4. An additive position bias per head (:class:`PositionBias`: ALiBi from its formula, or a table a
    layer computes, T5's ``compute_bias``).
-5. A sliding window of W keys: query i sees keys j with i - W < j <= i under a causal mask, and
-   |i - j| < W without one (HF's ``sliding_window_overlay`` and its bidirectional twin).
+5. A sliding window of W keys: query i sees keys j with i - W < j <= i under a causal mask (i read as
+   i + Lk - Lq bottom-right aligned), and |i - j| < W without one (HF's ``sliding_window_overlay`` and its
+   bidirectional twin).
 
 Then the mask and the softmax (:func:`mha.reference.attention`). Written from the formulas,
 independent of any library: a layer verified under these has its own norm, cap, bias and window
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mha_verify.mha.masks import causal_offset
 from mha_verify.mha.rotary import Rotary
 
 NORM_KINDS = ("rms", "layer", "l2")
@@ -218,13 +220,19 @@ class Scoring:
             s = torch.tanh(s / self.softcap) * self.softcap
         return s if bias is None else s + bias
 
-    def keep(self, lq: int, lk: int, causal: bool, device: torch.device | None = None) -> torch.Tensor | None:
-        """The window's keep-mask (Lq, Lk) (True = inside), or None without a window."""
+    def keep(self, lq: int, lk: int, causal: bool | str, device: torch.device | None = None) -> torch.Tensor | None:
+        """The window's keep-mask (Lq, Lk) (True = inside), or None without a window.
+
+        ``causal`` (False, True = "top_left", or "bottom_right": :data:`mha.masks.CAUSAL_ALIGNMENTS`) places
+        query i at key position i, or i + Lk - Lq bottom-right, the window ending there."""
         if self.window is None:
             return None
         i = torch.arange(lq, device=device)[:, None]
         j = torch.arange(lk, device=device)[None, :]
-        return ((j > i - self.window) & (j <= i)) if causal else ((i - j).abs() < self.window)
+        if not causal:
+            return (i - j).abs() < self.window
+        at = i + causal_offset(lq, lk, causal)  # (Lq, 1): each query's own key position
+        return (j > at - self.window) & (j <= at)
 
 
 TEXTBOOK = Scoring()

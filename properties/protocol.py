@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import torch
 
-from mha_verify.mha.masks import FULLY_MASKED, MASK_FORMS
+from mha_verify.mha.masks import FULLY_MASKED, MASK_FORMS, causal_alignment
 from mha_verify.mha.rotary import Rotary
 from mha_verify.mha.scoring import Norm, PositionBias, Scoring
 
@@ -71,7 +71,10 @@ class Conventions:
     context_ignored: where the forward takes keys and values (``encoder_hidden_states``) and never
         reads them, why (``cross_attention`` is then False): the cross-attention properties are n/a
         of kind "ignored", and the layer is verified as the self-attention it computes.
-    causal: the target applies a causal mask itself (query i sees keys j <= i).
+    causal: the target applies a causal mask itself: False, "top_left" (query i sees keys j <= i, SDPA's
+        ``is_causal``) or "bottom_right" (keys j <= i + Lk - Lq: a KV-cache decode step, torch's
+        ``causal_lower_right``); True is taken as "top_left" (:data:`mha.masks.CAUSAL_ALIGNMENTS`).
+        Truthy exactly when causal.
     grads: gradients can be taken through it (False for an onnxruntime session).
     dropout: it has a dropout probability the harness can set (False: none, or not settable).
     sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
@@ -109,7 +112,7 @@ class Conventions:
     rows_unspecified: str | None = None
     mask_ignored: str | None = None
     context_ignored: str | None = None
-    causal: bool = False
+    causal: bool | str = False
     grads: bool = True
     dropout: bool = True
     sizes: tuple[int, int] | None = None
@@ -129,6 +132,10 @@ class Conventions:
     head_dim_multiple: int = 1
     notes: tuple[str, ...] = field(default=())
 
+    def __post_init__(self) -> None:
+        # one spelling per convention: True -> "top_left"; ValueError naming any other value
+        object.__setattr__(self, "causal", causal_alignment(self.causal) or False)
+
     @property
     def scoring(self) -> Scoring:
         """How the target forms its scores, as the oracle applies it (:class:`mha.scoring.Scoring`)."""
@@ -139,7 +146,8 @@ class Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
-        negation), kv_shared, weights, fully_masked, causal, grads, dropout, kv_heads, output_dtype
+        negation), kv_shared, weights, fully_masked, causal (True, False, "top_left", "bottom_right"), grads,
+        dropout, kv_heads, output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
         (None, or a mapping of base, interleaved, fraction, reverse: ``{"base": 10000.0}``), softcap (a
         positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias),
@@ -166,7 +174,7 @@ class Conventions:
                  f"fully masked rows -> {self.fully_masked}" + (" (unspecified by its library)"
                                                                 if self.rows_unspecified else "")]
         if self.causal:
-            parts.append("causal")
+            parts.append("causal" if self.causal == "top_left" else "causal (bottom-right aligned)")
         if self.kv_heads:
             parts.append(f"{self.kv_heads} kv heads")
         if self.sizes:
@@ -206,6 +214,12 @@ def _flag(value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError("expected True or False")
     return value
+
+
+def _causal(value: object) -> bool | str:
+    if not isinstance(value, (bool, str)):
+        raise TypeError("expected True, False, 'top_left' or 'bottom_right'")
+    return causal_alignment(value) or False
 
 
 def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:
@@ -281,7 +295,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "kv_shared": ("kv_shared", _flag),
     "weights": ("weights", _flag),
     "fully_masked": ("fully_masked", _choice(FULLY_MASKED)),
-    "causal": ("causal", _flag),
+    "causal": ("causal", _causal),
     "grads": ("grads", _flag),
     "dropout": ("dropout", _flag),
     "kv_heads": ("kv_heads", _positive_or_none),

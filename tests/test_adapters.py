@@ -29,19 +29,20 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.parametrize(("spec", "adapter", "causal", "mask", "cross"), [
-    pytest.param(FIX + "nanogpt_attn.py:CausalSelfAttention", "fused_qkv", True, frozenset(), False, id="nanogpt"),
-    pytest.param(FIX + "nanogpt_attn.py:SlowCausalSelfAttention", "fused_qkv", True, frozenset(), False,
+    pytest.param(FIX + "nanogpt_attn.py:CausalSelfAttention", "fused_qkv", "top_left", frozenset(), False,
+                 id="nanogpt"),
+    pytest.param(FIX + "nanogpt_attn.py:SlowCausalSelfAttention", "fused_qkv", "top_left", frozenset(), False,
                  id="nanogpt-slow"),
     pytest.param(FIX + "timm_attn.py:Attention", "fused_qkv", False, frozenset({"bool", "float"}), False, id="timm"),
-    pytest.param(FIX + "llama_attn.py:LlamaAttention", "separate_qkv", True, frozenset({"bool", "float"}), False,
-                 id="llama"),
+    pytest.param(FIX + "llama_attn.py:LlamaAttention", "separate_qkv", "top_left", frozenset({"bool", "float"}),
+                 False, id="llama"),
     pytest.param(FIX + "odd_layers.py:KeywordMask", "separate_qkv", False, frozenset({"bool", "float"}), False,
                  id="keyword-mask"),
     pytest.param("torch.nn:MultiheadAttention", "torch_mha", False, frozenset({"bool", "float"}), True, id="torch"),
     pytest.param("mha_verify.mha:MultiHeadAttention", "w_qkvo", False, frozenset({"bool", "float"}), True,
                  id="reference"),
 ])
-def test_recognized_by_structure_and_names(spec: str, adapter: str, causal: bool, mask: frozenset[str],
+def test_recognized_by_structure_and_names(spec: str, adapter: str, causal: bool | str, mask: frozenset[str],
                                            cross: bool) -> None:
     bound = load_target(spec).build(8, 2)
     conv = bound.conventions

@@ -24,12 +24,14 @@ def _lower_triangular(t: torch.Tensor) -> bool:
 
 
 _SDPA_CAUSAL = re.compile(r"is_causal\s*=\s*True")
+# torch's bottom-right CausalBias (torch.nn.attention.bias), as a KV-cache decode step passes it to SDPA
+_LOWER_RIGHT = re.compile(r"\bcausal_lower_right\s*\(")
 
 
-_CAUSAL_SEEN: weakref.WeakKeyDictionary[nn.Module, tuple[bool, str]] = weakref.WeakKeyDictionary()
+_CAUSAL_SEEN: weakref.WeakKeyDictionary[nn.Module, tuple[bool | str, str]] = weakref.WeakKeyDictionary()
 
 
-def detect_causal(module: nn.Module) -> tuple[bool, str]:
+def detect_causal(module: nn.Module) -> tuple[bool | str, str]:
     """(causal, how we know) for ``module``, found once per instance (:func:`_detect_causal`).
 
     Cached: reading a buffer's values is data-dependent, which torch's exporters cannot
@@ -40,8 +42,9 @@ def detect_causal(module: nn.Module) -> tuple[bool, str]:
     return _CAUSAL_SEEN[module]
 
 
-def _detect_causal(module: nn.Module) -> tuple[bool, str]:
-    """(causal, how we know), from the layer's structure, never its outputs.
+def _detect_causal(module: nn.Module) -> tuple[bool | str, str]:
+    """(causal, how we know), from the layer's structure, never its outputs: causal is False, True
+    (top-left aligned) or "bottom_right" (a forward that builds torch's ``causal_lower_right``).
 
     In order: a bool ``is_causal`` attribute (HF, torchtune), a bool ``causal`` attribute
     (x-transformers), a lower-triangular buffer (nanoGPT's ``bias`` on its slow path), a
@@ -56,6 +59,8 @@ def _detect_causal(module: nn.Module) -> tuple[bool, str]:
         if _lower_triangular(buf):
             return True, f"causal from its lower-triangular buffer {name!r}"
     for where, source in forward_sources(module):
+        if _LOWER_RIGHT.search(source):
+            return "bottom_right", f"causal, bottom-right aligned, from causal_lower_right(...) in {where}"
         if _SDPA_CAUSAL.search(source):
             return True, f"causal from is_causal=True in {where}"
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"

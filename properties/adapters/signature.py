@@ -127,12 +127,13 @@ class MaskFormat:
         return f"mask passed as {what[self.kind]}{shape[self.layout]}"
 
     def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,
-                causal: bool = False, heads: int | None = None) -> torch.Tensor | None:
+                causal: bool | str = False, heads: int | None = None) -> torch.Tensor | None:
         """Our mask (None, bool keep-mask or additive float, broadcasting to (B, H, Lq, Lk)) ->
-        the layer's, with top-left causality ANDed in when ``causal`` (layers that take a mask
-        apply it instead of their own causality, as torchtune and HF eager do)."""
+        the layer's, with the layer's causality (True = "top_left", or "bottom_right") ANDed in when
+        ``causal`` (layers that take a mask apply it instead of their own causality, as torchtune and
+        HF eager do)."""
         if causal:
-            causal_mask = causal_keep(Lq, Lk, mask.device if mask is not None else None)  # (Lq, Lk)
+            causal_mask = causal_keep(Lq, Lk, mask.device if mask is not None else None, align=causal)  # (Lq, Lk)
             if mask is None:
                 mask = causal_mask
             elif mask.dtype == torch.bool:

@@ -153,10 +153,11 @@ class StructuralAdapter(Adapter):
         window_note = (f"sliding window {window} in its config: not applied (HF builds it into the model's mask); "
                        "checked as full attention") if isinstance(window, int) and window > 0 else ""
         softcap, softcap_how = layer_softcap(module)
+        takes_kv = (sig.key is not None and sig.value is not None) or shared
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
-            cross_attention=((sig.key is not None and sig.value is not None) or shared) and not causal,
+            cross_attention=takes_kv and (not causal or causal == "bottom_right"),
             kv_shared=shared and sig.key is None,
             weights=returns_weights(module),
             fully_masked=fully_masked,
@@ -181,7 +182,15 @@ class StructuralAdapter(Adapter):
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
                    + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),
         )
-        return declared_conventions(module, found)
+        conv = declared_conventions(module, found)
+        declared = dict(getattr(module, "mha_verify_conventions", None) or {})
+        if takes_kv and not conv.cross_attention and isinstance(declared.get("causal"), str) \
+                and not {"cross_attention", "self_attention"} & set(declared):
+            # a causal layer is drawn as self-attention (a decoder's, Lq = Lk), where the two alignments
+            # agree; one that declares its alignment ("top_left", "bottom_right") says Lq != Lk matters
+            # (a decode step, a chunked prefill): drawn with keys and values of their own
+            conv = dataclasses.replace(conv, cross_attention=True)
+        return conv
 
     def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None) -> list[str]:
         """The names of ``module``'s parameters that neither the projections, the QK-norm nor the

@@ -18,20 +18,22 @@ from mha_verify.properties.strategies.size_cases import Sizes, sizes
 # ANDs them with its causal mask, and the oracle does the same.
 
 
-def keep_of(ex: AttnExample, causal: bool = False) -> torch.Tensor:
-    """The example's keep-mask expanded to (B, H, Lq, Lk), with the target's causality applied."""
+def keep_of(ex: AttnExample, causal: bool | str = False) -> torch.Tensor:
+    """The example's keep-mask expanded to (B, H, Lq, Lk), with the target's causality applied
+    (``causal``: False, True = "top_left", or "bottom_right", under which Lq > Lk leaves the first
+    Lq - Lk rows fully masked)."""
     keep = full_keep(ex.mask, ex.sizes.mask_target())
     if causal:
-        keep = keep & causal_keep(ex.sizes.lq, ex.sizes.lk)
+        keep = keep & causal_keep(ex.sizes.lq, ex.sizes.lk, align=causal)
     return keep
 
 
-def fully_masked(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+def fully_masked(ex: AttnExample, causal: bool | str = False) -> torch.Tensor:
     """bool (B, H, Lq): fully masked query rows of each head (every key removed)."""
     return ~keep_of(ex, causal).any(dim=-1)
 
 
-def comparable_rows(ex: AttnExample, causal: bool = False) -> torch.Tensor:
+def comparable_rows(ex: AttnExample, causal: bool | str = False) -> torch.Tensor:
     """bool (B, Lq): output rows with no fully masked head row (comparable under any convention)."""
     return ~fully_masked(ex, causal).any(dim=1)
 

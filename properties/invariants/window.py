@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from mha_verify.mha.masks import causal_offset
 from mha_verify.properties.engine.applicable import comparable_rows, examples_for
 from mha_verify.properties.engine.measure import Measure, close, relation_allowed
 from mha_verify.properties.engine.registry import invariant
@@ -30,11 +31,14 @@ def _windowed(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, min_len=conv.window + 1)
 
 
-def outside(lq: int, lk: int, window: int, causal: bool) -> torch.Tensor:
-    """bool (Lq, Lk): key j lies outside query i's window (or, causal, in its future)."""
+def outside(lq: int, lk: int, window: int, causal: bool | str) -> torch.Tensor:
+    """bool (Lq, Lk): key j lies outside query i's window (or, causal, in its future; query i at key
+    position i + Lk - Lq when ``causal`` is "bottom_right")."""
     i, j = torch.arange(lq)[:, None], torch.arange(lk)[None, :]
-    inside = ((j <= i) & (j > i - window)) if causal else ((i - j).abs() < window)
-    return ~inside
+    if not causal:
+        return ~((i - j).abs() < window)
+    at = i + causal_offset(lq, lk, causal)  # (Lq, 1): each query's own key position
+    return ~((j <= at) & (j > at - window))
 
 
 @invariant("window_locality", strategy=_windowed)

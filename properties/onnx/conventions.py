@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from mha_verify.mha.masks import causal_word
 from mha_verify.mha.rotary import Rotary
 from mha_verify.properties.onnx.interface import Interface
 from mha_verify.properties.protocol import Conventions
@@ -29,7 +30,7 @@ def adopt_conventions(info: Interface, conventions: dict[str, str], source: str)
 
 def eager_conventions(conv: Conventions) -> dict[str, str]:
     """An eager target's conventions in :func:`adopt_conventions`' vocabulary."""
-    out = {"fully_masked": conv.fully_masked, "causal": "true" if conv.causal else "false"}
+    out = {"fully_masked": conv.fully_masked, "causal": causal_word(conv.causal)}
     if conv.scale is not None:
         out["scale"] = repr(float(conv.scale))
     if conv.kv_shared:

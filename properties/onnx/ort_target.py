@@ -117,7 +117,8 @@ class OrtInstance:
             kv_shared=info.conventions.get("kv_shared", ("false", ""))[0] == "true",
             rotary=rotary_from(info.conventions["rotary"][0]) if "rotary" in info.conventions else None,
             fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
-            causal=info.conventions.get("causal", ("false", ""))[0] == "true",
+            causal={"true": "top_left", "bottom_right": "bottom_right"}.get(
+                info.conventions.get("causal", ("false", ""))[0], False),
             scale=float(info.conventions["scale"][0]) if "scale" in info.conventions else None,
             softcap=float(stated["softcap"][0]) if "softcap" in stated else None,
             window=int(stated["window"][0]) if "window" in stated else None,

@@ -30,7 +30,7 @@ DECLARABLE = ("layout", "mask_axes", "mask_kind")
 #: conventions ``validate --conventions`` declares (the file's metadata may state them too);
 #: ``scale`` takes a positive number, the others one of their values
 CONVENTIONS: dict[str, tuple[str, ...]] = {"fully_masked": ("zeros", "uniform", "uniform_visible", "nan"),
-                                           "causal": ("true", "false"), "scale": ()}
+                                           "causal": ("true", "false", "bottom_right"), "scale": ()}
 
 Dim = int | str | None
 #: the metadata keys every mha-verify export writes: its q, k, v are batch-first
