@@ -82,7 +82,13 @@ def argument_unread(module: nn.Module, name: str) -> str | None:
     whatever is passed is dropped (ErnieImage's single-stream attention takes
     ``encoder_hidden_states`` for the shared signature and hands its processor ``hidden_states``
     alone); None where it is read, or the source cannot be parsed."""
-    for where, source in forward_sources(module):
+    return _unread(forward_sources(module), name)
+
+
+@functools.lru_cache(maxsize=256)
+def _unread(sources: tuple[tuple[str, str], ...], name: str) -> str | None:
+    """Parsed once per (sources, name): the adapter reads conventions at every call of a layer."""
+    for where, source in sources:
         try:
             tree = ast.parse(textwrap.dedent(source))
         except SyntaxError:
