@@ -118,8 +118,6 @@ def read_part(path: str, doc: Any) -> Part:
             check_details(r.details)
     except ValueError as exc:
         raise bad(str(exc)) from None
-    if not 1 <= index <= count:
-        raise bad(f"shard index {index} is not in 1..{count}")
     if sum(n for _, n in owned) != len(results):
         raise bad(f"its tasks account for {sum(n for _, n in owned)} results, it holds {len(results)}")
     if any(name not in tasks for name, _ in owned):
@@ -221,8 +219,8 @@ def merge_sweeps(docs: list[tuple[str, Any]]) -> tuple[list[Any], dict[str, str]
         if ctx != ctx0:
             raise ValueError(f"{path!r} and {path0!r} differ in library, versions or profile: "
                              f"{ctx!r} vs {ctx0!r}"[:400])
-        if not 1 <= index <= count or index in seen:
-            raise ValueError(f"shard {index}/{count} is out of range or given twice ({path!r})")
+        if index in seen:  # its range is Shard's to check (_shard)
+            raise ValueError(f"shard {index}/{count} is given twice: {seen[index]!r} and {path!r}")
         seen[index] = path
         for row in rows:
             if row.spec in by_spec:
