@@ -185,8 +185,8 @@ def multi_head(
     """Packed multi-head attention evaluated in ``dtype`` (float64 by default: the oracle).
 
     q (B, Lq, D), k (B, Lk, D), v (B, Lk, D); mask broadcasting to (B, H, Lq, Lk).
-    Grouped-query attention where ``params.w_k`` has Hkv * Hd < D rows: kv head j serves
-    query heads j*g .. j*g+g-1 with g = H / Hkv (HF's ``repeat_kv``). ``causal``,
+    Grouped-query attention where ``params.w_k`` has Hkv * Hd < D rows: query head i reads kv head
+    ``scoring.kv_head(i)`` (i // g, g = H / Hkv, HF's ``repeat_kv``; i % Hkv tiled). ``causal``,
     ``fully_masked`` and ``scale`` (None: 1 / sqrt(Hd)) as in :func:`attention`.
     Returns (output (B, Lq, D), weights (B, H, Lq, Lk)), both in ``dtype``.
     """
@@ -222,8 +222,7 @@ def _concat_heads(
     kh = _split(scoring.projected(_linear(k, p.w_k, p.b_k), "k"), n_kv, hd)
     vh = _split(scoring.projected(_linear(v, p.w_v, p.b_v), "v"), n_kv, hd)
     qh, kh, vh = scoring.split(qh, "q"), scoring.split(kh, "k"), scoring.split(vh, "v")
-    kh = kh.repeat_interleave(n_head // n_kv, dim=-3)
-    vh = vh.repeat_interleave(n_head // n_kv, dim=-3)
+    kh, vh = scoring.repeat_kv(kh, n_head), scoring.repeat_kv(vh, n_head)
     m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(q.dtype))
     bias = None if scoring.bias is None else scoring.bias.heads(n_head, qh.shape[-2], kh.shape[-2], q.dtype)
     # (B, H, Lq, Hd), (B, H, Lq, Lk)
@@ -252,6 +251,18 @@ def multi_head_graph(
     concat, _ = _concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked,
                               scoring=scoring, via_lse=via_lse, kernel=kernel)
     return output_projection(concat, params)
+
+
+def value_heads(v: torch.Tensor, params: MHAParams, n_head: int, *, dtype: torch.dtype = torch.float64,
+                scoring: Scoring = TEXTBOOK) -> torch.Tensor:
+    """The values each query head averages, as :func:`multi_head` forms them: v (B, Lk, D) -> (B, H, Lk, Hd)
+    in ``dtype`` (projected, normalized where the layer normalizes values, repeated to the query heads by
+    ``scoring.kv_map``). ``weights @ value_heads`` is the heads' output before the concatenation."""
+    p = params.to(dtype)
+    n_kv = kv_heads(params, n_head)
+    hd = params.w_q.shape[0] // n_head
+    vh = _split(scoring.projected(_linear(v.detach().to(dtype), p.w_v, p.b_v), "v"), n_kv, hd)
+    return scoring.repeat_kv(scoring.split(vh, "v"), n_head)
 
 
 def same_precision(
@@ -322,7 +333,7 @@ def rounding_bound(
             y = scoring.split(_split(scoring.projected(y, which), n, hd), which)
         else:
             y = _split(y, n, hd)  # (B, n, L, Hd)
-        return y.abs().repeat_interleave(n_head // n, dim=-3)
+        return scoring.repeat_kv(y.abs(), n_head)
 
     qh, kh = heads(q, p.w_q, p.b_q, n_head, "q"), heads(k, p.w_k, p.b_k, n_kv, "k")  # (B, H, L, Hd)
     vh = heads(v, p.w_v, p.b_v, n_kv, "v")
@@ -370,21 +381,23 @@ def output_projection(concat: torch.Tensor, p: MHAParams) -> torch.Tensor:
     return _linear(concat, p.w_o, p.b_o)
 
 
-def head_slices(params: MHAParams, n_head: int) -> list[MHAParams]:
+def head_slices(params: MHAParams, n_head: int, scoring: Scoring = TEXTBOOK) -> list[MHAParams]:
     """Split packed weights into per-head input projections W_i^Q, W_i^K, W_i^V: (Hd, D) each.
 
     Head i owns output features i*Hd .. (i+1)*Hd of the query projection and those of key
-    head i // g of the key and value projections (g = H / Hkv; g = 1 without grouping). The
+    head ``scoring.kv_head(i)`` of the key and value projections (i // g with g = H / Hkv, or i % Hkv
+    tiled; i without grouping). The
     output projection is not split: the per-head formulation applies it after
     concatenation, so w_o and b_o are repeated whole in every element.
     """
     d = params.w_q.shape[0]
     hd = d // n_head
-    group = n_head // kv_heads(params, n_head)
+    n_kv = kv_heads(params, n_head)
     out = []
     for i in range(n_head):
         rows = slice(i * hd, (i + 1) * hd)
-        kv = slice((i // group) * hd, (i // group + 1) * hd)
+        j = scoring.kv_head(i, n_head, n_kv)
+        kv = slice(j * hd, (j + 1) * hd)
         out.append(MHAParams(
             params.w_q[rows], None if params.b_q is None else params.b_q[rows],
             params.w_k[kv], None if params.b_k is None else params.b_k[kv],
@@ -413,12 +426,12 @@ def one_head(
     them, and there is no head alone: ValueError (:attr:`Scoring.coupled_heads`)."""
     if scoring.coupled_heads:
         raise ValueError("one_head: q or k is normalized over all heads (norm over='all'): no head is computed alone")
-    p = head_slices(params.to(dtype), n_head)[i]
+    p = head_slices(params.to(dtype), n_head, scoring)[i]
     q, k, v = q.detach().to(dtype), k.detach().to(dtype), v.detach().to(dtype)
     m = head_mask(mask, i)
     if m is not None and m.dtype != torch.bool:
         m = m.to(dtype)
-    kv_head = i // (n_head // kv_heads(params, n_head))
+    kv_head = scoring.kv_head(i, n_head, kv_heads(params, n_head))
     qh = scoring.split(_linear(q, p.w_q, p.b_q), "q", head=i)  # (B, Lq, Hd)
     kh = scoring.split(_linear(k, p.w_k, p.b_k), "k", head=kv_head)  # (B, Lk, Hd)
     bias = None if scoring.bias is None else scoring.bias.heads(n_head, q.shape[-2], k.shape[-2], dtype)[i]

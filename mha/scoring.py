@@ -12,6 +12,10 @@ the oracle applies exactly, in this order, to the heads of one example.
    i + Lk - Lq bottom-right aligned), and |i - j| < W without one (HF's ``sliding_window_overlay`` and its
    bidirectional twin).
 
+With grouped-query attention (Hkv < H key/value heads, g = H / Hkv) ``kv_map`` says which query heads
+share a key/value head: "interleave" (query head i reads kv head i // g: HF's ``repeat_kv``, torch's
+``repeat_interleave``, SDPA's ``enable_gqa``) or "tile" (kv head i % Hkv: ``kv.repeat(1, g, 1, 1)``).
+
 Then the mask and the softmax (:func:`mha.reference.attention`). Written from the formulas,
 independent of any library: a layer verified under these has its own norm, cap, bias and window
 verified, not replaced. The one exception is a bias ``table`` read from the layer: its entries are
@@ -30,6 +34,8 @@ from mha_verify.mha.masks import causal_offset
 from mha_verify.mha.rotary import Rotary
 
 NORM_KINDS = ("rms", "layer", "l2")
+#: which query heads share a key/value head (see the module's docstring)
+KV_MAPS = ("interleave", "tile")
 NORM_OVER = ("head", "all")
 
 
@@ -145,7 +151,8 @@ class Scoring:
     """Everything that forms a layer's scores besides the mask (see the module's docstring).
 
     scale: the factor on q k^T (None: 1 / sqrt(Hd)); rotary; q_norm, k_norm, v_norm; softcap (a cap > 0, or
-    None); bias; window (W >= 1 keys, or None). The default is the textbook's attention."""
+    None); bias; window (W >= 1 keys, or None); kv_map (:data:`KV_MAPS`). The default is the textbook's
+    attention."""
 
     scale: float | None = None
     rotary: Rotary | None = None
@@ -155,8 +162,11 @@ class Scoring:
     softcap: float | None = None
     bias: PositionBias | None = None
     window: int | None = None
+    kv_map: str = "interleave"
 
     def __post_init__(self) -> None:
+        if self.kv_map not in KV_MAPS:
+            raise ValueError(f"kv_map must be one of {KV_MAPS}, got kv_map={self.kv_map!r}")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise ValueError(f"softcap must be a finite number > 0 or None, got softcap={self.softcap!r}")
         if self.window is not None and (isinstance(self.window, bool) or self.window < 1):
@@ -190,7 +200,32 @@ class Scoring:
             out.append(self.bias.describe())
         if self.window is not None:
             out.append(f"sliding window of {self.window} keys")
+        if self.kv_map != "interleave":
+            out.append(f"grouped-query heads mapped by {self.kv_map}")
         return out
+
+    def kv_head(self, i: int, n_head: int, n_kv: int) -> int:
+        """The key/value head query head ``i`` reads (of ``n_kv``, which divides ``n_head``)."""
+        return i // (n_head // n_kv) if self.kv_map == "interleave" else i % n_kv
+
+    def repeat_kv(self, t: torch.Tensor, n_head: int) -> torch.Tensor:
+        """Key or value heads (..., Hkv, L, Hd) -> (..., H, L, Hd): row i is kv head ``kv_head(i)``."""
+        g = n_head // t.shape[-3]
+        if g == 1:
+            return t
+        if self.kv_map == "interleave":
+            return t.repeat_interleave(g, dim=-3)
+        return t.repeat(*([1] * (t.dim() - 3)), g, 1, 1)
+
+    def fold_kv(self, t: torch.Tensor, n_kv: int) -> torch.Tensor:
+        """The transpose of :meth:`repeat_kv`: (..., H, L, Hd) -> (..., Hkv, L, Hd), summing the query heads
+        that share each key/value head (gradients flowing back to it)."""
+        n_head = t.shape[-3]
+        if n_kv == n_head:
+            return t
+        g = n_head // n_kv
+        shape = (*t.shape[:-3], n_kv, g) if self.kv_map == "interleave" else (*t.shape[:-3], g, n_kv)
+        return t.reshape(*shape, *t.shape[-2:]).sum(-3 if self.kv_map == "interleave" else -4)
 
     def _norm(self, which: str) -> Norm | None:
         return {"q": self.q_norm, "k": self.k_norm, "v": self.v_norm}[which]

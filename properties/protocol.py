@@ -30,7 +30,7 @@ import torch
 
 from mha_verify.mha.masks import FULLY_MASKED, MASK_FORMS, causal_alignment
 from mha_verify.mha.rotary import Rotary
-from mha_verify.mha.scoring import Norm, PositionBias, Scoring
+from mha_verify.mha.scoring import KV_MAPS, Norm, PositionBias, Scoring
 
 if TYPE_CHECKING:
     from mha_verify.mha.reference import MHAParams
@@ -80,6 +80,9 @@ class Conventions:
     sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
     dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
     kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
+    kv_map: which query heads share a key/value head under grouped-query attention
+        (:data:`mha.scoring.KV_MAPS`): "interleave" (query head i reads kv head i // g, HF's
+        ``repeat_kv``) or "tile" (i % Hkv), declared or read; the oracle applies it.
     torch_modes: torch's inference mode and training mode reach the computation (False for an
         onnxruntime session: it computes the same whatever torch's modes).
     output_dtype: the dtype of every output whatever the inputs' (a layer that always returns
@@ -118,6 +121,7 @@ class Conventions:
     sizes: tuple[int, int] | None = None
     dtype: torch.dtype | None = None
     kv_heads: int | None = None
+    kv_map: str = "interleave"
     torch_modes: bool = True
     output_dtype: torch.dtype | None = None
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -140,14 +144,14 @@ class Conventions:
     def scoring(self) -> Scoring:
         """How the target forms its scores, as the oracle applies it (:class:`mha.scoring.Scoring`)."""
         return Scoring(scale=self.scale, rotary=self.rotary, q_norm=self.q_norm, k_norm=self.k_norm, v_norm=self.v_norm,
-                       softcap=self.softcap, bias=self.position_bias, window=self.window)
+                       softcap=self.softcap, bias=self.position_bias, window=self.window, kv_map=self.kv_map)
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
         negation), kv_shared, weights, fully_masked, causal (True, False, "top_left", "bottom_right"), grads,
-        dropout, kv_heads, output_dtype
+        dropout, kv_heads, kv_map ("interleave", "tile"), output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
         (None, or a mapping of base, interleaved, fraction, reverse: ``{"base": 10000.0}``), softcap (a
         positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias),
@@ -299,6 +303,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "grads": ("grads", _flag),
     "dropout": ("dropout", _flag),
     "kv_heads": ("kv_heads", _positive_or_none),
+    "kv_map": ("kv_map", _choice(KV_MAPS)),
     "output_dtype": ("output_dtype", _output_dtype),
     "scale": ("scale", _scale),
     "rotary": ("rotary", _rotary),

@@ -14,6 +14,7 @@ q/k/v for a self-attention-only target) raises :class:`NotApplicable`.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.adapters.forward_source import detect_kv_map
 from mha_verify.properties.adapters.layer_attrs import has_dropout, set_all_dropout
 from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
 from mha_verify.properties.adapters.recognition import names_of
@@ -29,7 +31,11 @@ from mha_verify.properties.protocol import Conventions, NotApplicable
 
 
 def declared_conventions(module: nn.Module, found: Conventions) -> Conventions:
-    """``found`` with the module's ``mha_verify_conventions`` class attribute applied (checked keys)."""
+    """``found`` with the grouped-query mapping its forward shows (:func:`detect_kv_map`), then the
+    module's ``mha_verify_conventions`` class attribute applied (checked keys): a declaration wins."""
+    kv_map, how = detect_kv_map(module)
+    if kv_map is not None and (kv_map != found.kv_map or "its forward" in how):  # HF's default goes unsaid
+        found = dataclasses.replace(found, kv_map=kv_map, notes=(*found.notes, how))
     declaration = getattr(module, "mha_verify_conventions", None)
     if not declaration:
         return found

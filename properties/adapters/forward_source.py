@@ -1,6 +1,6 @@
 """What a layer's ``forward`` source text says: that it builds its own causal mask (a lower-triangular
-buffer, SDPA's ``is_causal=True``), read once per source; the sources themselves, for the readers
-of library facts.
+buffer, SDPA's ``is_causal=True``), which query heads share a key/value head, read once per source;
+the sources themselves, for the readers of library facts.
 """
 
 from __future__ import annotations
@@ -64,6 +64,29 @@ def _detect_causal(module: nn.Module) -> tuple[bool | str, str]:
         if _SDPA_CAUSAL.search(source):
             return True, f"causal from is_causal=True in {where}"
     return False, "not causal (no is_causal/causal attribute, no triangular buffer)"
+
+
+# grouped-query heads: kv head i // g (torch's repeat_interleave, HF's repeat_kv, SDPA's enable_gqa) or
+# i % Hkv (keys or values tiled: k.repeat(1, g, 1, 1), torch.tile(v, ...))
+_INTERLEAVE = re.compile(r"\brepeat_kv\s*\(|\.repeat_interleave\s*\(|\benable_gqa\s*=\s*True")
+_KV = r"\b(?:k|v|key|value|keys|values|key_states|value_states|kv|xk|xv)\w*"
+_TILE = re.compile(_KV + r"\s*\.\s*(?:repeat|tile)\s*\(|\btorch\.tile\s*\(\s*" + _KV)
+
+
+def detect_kv_map(module: nn.Module) -> tuple[str | None, str]:
+    """(kv_map, how we know) from the layer's forward source: "interleave" where it calls
+    ``repeat_kv`` / ``repeat_interleave`` / SDPA with ``enable_gqa=True``, "tile" where it repeats or
+    tiles its keys or values; (None, "") where it says neither or both (the oracle's default then holds:
+    interleave, HF's). A transformers layer repeats in its library's attention functions (``repeat_kv``),
+    not in its forward: read from its modeling module."""
+    found = {kind for _, source in forward_sources(module)
+             for kind, pattern in (("interleave", _INTERLEAVE), ("tile", _TILE)) if pattern.search(source)}
+    if len(found) == 1:
+        kind = found.pop()
+        return kind, f"grouped-query heads {'interleaved' if kind == 'interleave' else 'tiled'} (its forward)"
+    if not found and callable(getattr(inspect.getmodule(type(module)), "repeat_kv", None)):
+        return "interleave", "grouped-query heads interleaved (repeat_kv of its modeling module)"
+    return None, ""
 
 
 def own_causal_mask(module: nn.Module) -> bool:

@@ -148,7 +148,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     q, k, v = (t.detach().double() for t in (ex.q, ex.k, ex.v))
     n_head, n_kv = bound.n_head, kv_heads(bound.params(), bound.n_head)
     d = q.shape[-1]
-    hd, group = d // n_head, n_head // n_kv
+    hd = d // n_head
     mask = ex.mask if ex.mask is None or ex.mask.dtype == torch.bool else ex.mask.double()
     _, weights = multi_head(ex.q, ex.k, ex.v, bound.params(), n_head, mask, causal=conv.causal,
                             fully_masked=conv.fully_masked, scoring=conv.scoring)  # P (B, H, Lq, Lk)
@@ -162,7 +162,8 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
 
     sq = [(q, p.w_q, p.b_q), (k, p.w_k, p.b_k), (v, p.w_v, p.b_v)]
     qh, kh, vh = (heads(linear(x.abs(), w, b), n) for (x, w, b), n in zip(sq, (n_head, n_kv, n_kv), strict=True))
-    kh, vh = kh.repeat_interleave(group, dim=1), vh.repeat_interleave(group, dim=1)  # (B, H, Lk, Hd)
+    scoring = conv.scoring
+    kh, vh = scoring.repeat_kv(kh, n_head), scoring.repeat_kv(vh, n_head)  # (B, H, Lk, Hd)
     oh = weights @ vh  # (B, H, Lq, Hd), |O| <= P |V|
     d_concat = g.abs() if p.w_o is None else g.abs() @ p.w_o  # (B, Lq, D)
     d_oh = heads(d_concat, n_head)
@@ -171,7 +172,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     d_qh, d_kh, d_vh = scale * d_s @ kh, scale * d_s.transpose(-2, -1) @ qh, weights.transpose(-2, -1) @ d_oh
 
     def merge(t: torch.Tensor, n: int) -> torch.Tensor:  # (B, H, L, Hd) -> (B, L, n*Hd), summing a group
-        t = t.reshape(t.shape[0], n, -1, *t.shape[2:]).sum(2) if n != n_head else t
+        t = scoring.fold_kv(t, n)
         return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], n * hd)
 
     d_proj = [merge(d_qh, n_head), merge(d_kh, n_kv), merge(d_vh, n_kv)]  # (B, L, out) each
