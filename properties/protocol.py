@@ -83,6 +83,9 @@ class Conventions:
     kv_map: which query heads share a key/value head under grouped-query attention
         (:data:`mha.scoring.KV_MAPS`): "interleave" (query head i reads kv head i // g, HF's
         ``repeat_kv``) or "tile" (i % Hkv), declared or read; the oracle applies it.
+    kv_cache: the KV-cache protocol the target's forward takes, read from it (``"hf_cache"``: a
+        transformers ``Cache`` argument and the layer's ``layer_idx``, :mod:`adapters.kv_cache`), or
+        None: the target cannot be run position by position through a cache of its own.
     torch_modes: torch's inference mode and training mode reach the computation (False for an
         onnxruntime session: it computes the same whatever torch's modes).
     output_dtype: the dtype of every output whatever the inputs' (a layer that always returns
@@ -122,6 +125,7 @@ class Conventions:
     dtype: torch.dtype | None = None
     kv_heads: int | None = None
     kv_map: str = "interleave"
+    kv_cache: str | None = None
     torch_modes: bool = True
     output_dtype: torch.dtype | None = None
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -349,6 +353,13 @@ class Instance(Protocol):
 
     def set_training(self, mode: bool) -> None:
         """Training mode on or off (eval); a no-op where torch's modes do not reach the target."""
+        ...
+
+    def cached(self, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+        """Self-attention over x (B, L, D) run through the target's own KV cache in ``chunks`` (sizes
+        summing to L: a prefill, then decode steps or chunks), each chunk called with the cache the
+        earlier ones filled and the causal mask aligned bottom-right; the outputs concatenated (B, L, D).
+        NotApplicable where the target takes no cache (``conventions.kv_cache`` None)."""
         ...
 
     def fresh(self) -> Instance:

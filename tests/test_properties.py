@@ -13,8 +13,12 @@ PROPS = all_properties()
 SETTINGS = profiles.PROFILES[profiles.profile_name()]
 
 
-# properties of a convention the reference does not have (tests/test_scoring.py runs them on layers that do)
-OF_OTHER_CONVENTIONS = {"window_locality": "no sliding window declared or read"}
+# properties of a convention the reference does not have (tests/test_scoring.py and
+# tests/test_decode_consistency.py run them on layers that do)
+OF_OTHER_CONVENTIONS = {
+    "window_locality": "no sliding window declared or read",
+    "decode_consistency": "takes no KV cache",
+}
 
 
 @pytest.mark.parametrize("name", [n for n in PROPS if n not in OF_OTHER_CONVENTIONS])

@@ -96,6 +96,10 @@ class Adapter:
                           mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotApplicable(f"{self.name} targets do not return attention weights")
 
+    def cached(self, module: nn.Module, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+        """x (B, L, D) through the layer's own KV cache in ``chunks`` (:meth:`Instance.cached`)."""
+        raise NotApplicable(f"{self.name} targets are not run through a KV cache")
+
     def has_dropout(self, module: nn.Module) -> bool:
         return has_dropout(module)
 

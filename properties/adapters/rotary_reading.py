@@ -223,14 +223,15 @@ def rotary_cos_sin(emb: nn.Module, module: nn.Module, x: torch.Tensor,
 
 
 def position_embeddings(module: nn.Module, x: torch.Tensor, rotary: Rotary | None,
-                        head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's ``position_embeddings`` (cos, sin), each (B, L, r), for positions 0 .. L-1 of x (B, L, D):
-    from the library's own rotary embedding where there is one, else in its layout
-    (the angles repeated over both halves); a rotation by 0 where ``rotary`` is None."""
+                        head_dim: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``position_embeddings`` (cos, sin), each (B, L, r), for positions start .. start + L-1 of
+    x (B, L, D) (start > 0: a chunk after the ones a KV cache holds): from the library's own rotary
+    embedding where there is one, else in its layout (the angles repeated over both halves); a
+    rotation by 0 where ``rotary`` is None."""
     if rotary is None:
         return identity_rotary(x, head_dim)
     B, L = x.shape[0], x.shape[1]
-    positions = torch.arange(L, device=x.device)[None].expand(B, L)
+    positions = torch.arange(start, start + L, device=x.device)[None].expand(B, L)
     emb = library_rotary(module)
     if emb is not None:
         return rotary_cos_sin(emb, module, x, positions)

@@ -49,6 +49,7 @@ from mha_verify.mha.scoring import Norm, PositionBias
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.base import Adapter, declared_conventions
 from mha_verify.properties.adapters.forward_source import detect_causal, forward_sources, own_causal_mask
+from mha_verify.properties.adapters.kv_cache import cache_argument, run_chunks
 from mha_verify.properties.adapters.layer_attrs import (
     SCALE_ATTRS,
     has_dropout,
@@ -166,6 +167,7 @@ class StructuralAdapter(Adapter):
             context_ignored=context_ignored,
             causal=causal,
             dropout=has_dropout(module),
+            kv_cache="hf_cache" if cache_argument(module) else None,
             scale=scale,
             rotary=rotary,
             # its rotary code still runs, on pairs of columns (LightGlue's stacks x[..., ::2] with
@@ -312,6 +314,34 @@ class StructuralAdapter(Adapter):
             # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
             kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
         return kwargs
+
+    def cached(self, module: nn.Module, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+        """x (B, L, D) through a transformers Cache in ``chunks``, as a model decodes: each chunk's
+        queries at positions start .. start + C - 1 (their rotary angles there), its mask the causal one
+        aligned bottom-right over every key the cache holds (HF's model builds it: the layer alone
+        would take SDPA's top-left ``is_causal`` for a chunk of several queries)."""
+        name = cache_argument(module)
+        if name is None:
+            raise NotApplicable(f"{type(module).__name__} takes no transformers Cache with a layer_idx")
+        sig, conv = read_signature(module), self.conventions(module)
+        fmt = library_format(module)[0]
+
+        def call(chunk: torch.Tensor, start: int, cache: object) -> torch.Tensor:
+            kwargs = self._kwargs(module, chunk, chunk, chunk, None)
+            B, C = chunk.shape[0], chunk.shape[1]
+            if sig.mask is not None:
+                heads = chunk.shape[-1] // head_dim_of(module, self.params(module)) if fmt.layout == "BHLL3" else None
+                kwargs[sig.mask] = fmt.convert(None, B=B, Lq=C, Lk=start + C, dtype=chunk.dtype,
+                                               causal="bottom_right", heads=heads)
+            if sig.rotary is not None:
+                cos, sin = position_embeddings(module, chunk, conv.rotary, head_dim_of(module, self.params(module)),
+                                               start=start)
+                kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
+            kwargs[name] = cache
+            out = first_output(module(**self._points(module, kwargs)))
+            return out[:, 0] if takes_points(module) else out
+
+        return run_chunks(x, chunks, call)
 
     def set_dropout(self, module: nn.Module, p: float) -> bool:
         return set_all_dropout(module, p)

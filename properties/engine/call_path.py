@@ -146,6 +146,12 @@ class Checked:
     def set_training(self, mode: bool) -> None:
         self.inner.set_training(mode)
 
+    def cached(self, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+        before = _snapshot(x, x, x, None)
+        out = self.inner.cached(x, chunks)
+        _unchanged(before, x, x, x, None)
+        return _output(out, x, self.d_model, self.conventions.output_dtype)
+
     def fresh(self) -> Checked:
         return Checked(self.inner.fresh())
 

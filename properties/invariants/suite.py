@@ -12,6 +12,7 @@ from mha_verify.properties.engine.registry import PROPERTIES, RELATIONS, Propert
 from mha_verify.properties.invariants import (  # noqa: F401 -- imported for their registrations
     behaviour,
     causal,
+    decode,
     grad,
     layout,
     mask,

@@ -197,6 +197,9 @@ class OrtInstance:
     def set_training(self, mode: bool) -> None:
         """A session computes the same in any mode (``torch_modes=False``)."""
 
+    def cached(self, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+        raise NotApplicable("this session has no KV-cache inputs (past keys and values) to run it by")
+
     def fresh(self) -> OrtInstance:
         """The same session (it keeps no state between runs) with its own copy of the parameters."""
         return OrtInstance(self.info, self.session, self._params.to(self._params.w_q.dtype))

@@ -104,6 +104,9 @@ class Bound:
     def set_training(self, mode: bool) -> None:
         self.module.train(mode)
 
+    def cached(self, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
+        return self.adapter.cached(self.module, x, chunks)
+
     def fresh(self) -> Bound:
         assert self.rebuild is not None
         return self.rebuild()
