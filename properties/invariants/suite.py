@@ -13,6 +13,7 @@ from mha_verify.properties.invariants import (  # noqa: F401 -- imported for the
     behaviour,
     causal,
     decode,
+    dropout,
     grad,
     layout,
     mask,
