@@ -70,7 +70,7 @@ def test_correct_layers_keep_their_law_on_many_seeds(layer: str, d: int, h: int)
 
 
 @pytest.mark.parametrize(("layer", "message"), [
-    ("SharedAcrossHeads", "not independent across heads: pairs of heads agree on 1024 of 1024"),
+    ("SharedAcrossHeads", "not independent across heads: pairs of heads agree on 512 of 512"),
     ("BothSharedAcrossHeads", "attention weights is not independent across heads"),
     ("NoRescale", "surviving values are scaled by 1, where p=0.3 scales them by 1/(1-p) = 1.429"),
     ("KeepRateP", "keeps 1-p = 70%"),

@@ -79,14 +79,20 @@ def detect_kv_map(module: nn.Module) -> tuple[str | None, str]:
     tiles its keys or values; (None, "") where it says neither or both (the oracle's default then holds:
     interleave, HF's). A transformers layer repeats in its library's attention functions (``repeat_kv``),
     not in its forward: read from its modeling module."""
-    found = {kind for _, source in forward_sources(module)
-             for kind, pattern in (("interleave", _INTERLEAVE), ("tile", _TILE)) if pattern.search(source)}
+    found = set().union(*(_kv_kinds(source) for _, source in forward_sources(module)))
     if len(found) == 1:
         kind = found.pop()
         return kind, f"grouped-query heads {'interleaved' if kind == 'interleave' else 'tiled'} (its forward)"
     if not found and callable(getattr(inspect.getmodule(type(module)), "repeat_kv", None)):
         return "interleave", "grouped-query heads interleaved (repeat_kv of its modeling module)"
     return None, ""
+
+
+@functools.lru_cache(maxsize=256)
+def _kv_kinds(source: str) -> frozenset[str]:
+    """The grouped-query mappings one source text names (read once per text: conventions are read at
+    every call)."""
+    return frozenset(kind for kind, pattern in (("interleave", _INTERLEAVE), ("tile", _TILE)) if pattern.search(source))
 
 
 def own_causal_mask(module: nn.Module) -> bool:

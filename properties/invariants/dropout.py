@@ -36,7 +36,7 @@ P = 0.3
 #: the false-alarm rate of each counting check on a correct layer
 ALPHA = 1e-7
 #: multipliers read per example, at least (calls are repeated until they are reached, up to MAX_CALLS)
-MIN_READ, MAX_CALLS = 2000, 64
+MIN_READ, MAX_CALLS = 1000, 64
 #: batch items of every example: two disjoint pairs for the independence of batch items
 BATCH = 4
 #: the narrowest head drawn (a target built at fixed sizes keeps its own): rows of 4 keys read from 16
