@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mha_verify.properties.adapters.kv_cache import cache_argument
+from mha_verify.properties.adapters.kv_cache import KVCache, cache_argument, new_cache
 from mha_verify.properties.engine.measure import Violation
 from mha_verify.properties.invariants.decode import chunks_of, decode_consistency, schedules
 from mha_verify.properties.invariants.suite import all_properties
@@ -73,6 +73,32 @@ def test_each_twin_fails_at_its_first_cached_position(layer: str, message: str) 
     bound = load_target(FIXTURE + layer).build(32, 4)
     with pytest.raises(Violation, match=message):
         decode_consistency(bound, _example(2, 17, 32, 4))
+
+
+@pytest.mark.parametrize("layer", ["CachedAttention", "CacheOffsetByOne"])
+def test_without_transformers_the_harness_cache_drives_the_layer(layer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers now raises ImportError
+    assert isinstance(new_cache(), KVCache)
+    bound = load_target(FIXTURE + layer).build(32, 4)
+    if layer == "CachedAttention":
+        measure = decode_consistency(bound, _example(2, 17, 32, 4))
+        assert measure.checked and measure.error <= measure.allowed
+    else:
+        with pytest.raises(Violation, match=r"position 9 \(chunk 2: Lq=1 against Lk=10 keys"):
+            decode_consistency(bound, _example(2, 17, 32, 4))
+
+
+def test_the_harness_cache_holds_what_transformers_dynamic_cache_holds() -> None:
+    transformers = pytest.importorskip("transformers")
+    ours, theirs = KVCache(), transformers.DynamicCache()
+    gen = torch.Generator().manual_seed(0)
+    for length in (3, 1, 2):
+        k, v = (torch.randn(2, 4, length, 8, generator=gen) for _ in range(2))
+        for layer_idx in (0, 1):
+            for a, b in zip(ours.update(k, v, layer_idx), theirs.update(k, v, layer_idx), strict=True):
+                assert torch.equal(a, b)
+            assert ours.get_seq_length(layer_idx) == theirs.get_seq_length(layer_idx)
+    assert ours.get_seq_length(5) == 0
 
 
 @pytest.mark.parametrize("spec", ["transformers.models.llama.modeling_llama:LlamaAttention",

@@ -15,8 +15,6 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from mha_verify.properties.protocol import NotApplicable
-
 #: the forward's argument names for a transformers Cache, newest first
 CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value")
 
@@ -37,12 +35,34 @@ def cache_argument(module: nn.Module) -> str | None:
     return next((name for name, p in params.items() if "Cache" in str(p.annotation)), None)
 
 
+class KVCache:
+    """The transformers ``Cache`` protocol a layer calls, for when transformers does not import: per
+    layer index, keys and values (B, Hkv, L, Hd) appended along the sequence axis by ``update``, which
+    returns every position held; ``get_seq_length`` is how many that is."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx in self._held:
+            k, v = self._held[layer_idx]
+            key_states, value_states = torch.cat([k, key_states], dim=-2), torch.cat([v, value_states], dim=-2)
+        self._held[layer_idx] = (key_states, value_states)
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        held = self._held.get(layer_idx)
+        return 0 if held is None else int(held[0].shape[-2])
+
+
 def new_cache() -> object:
-    """An empty transformers ``DynamicCache`` (the cache ``generate`` starts from)."""
+    """An empty transformers ``DynamicCache`` (the cache ``generate`` starts from); a :class:`KVCache`
+    where transformers does not import (a layer written to its protocol without it)."""
     try:
         from transformers import DynamicCache
-    except ImportError as e:  # a layer written to the protocol without transformers installed
-        raise NotApplicable(f"the layer takes a transformers Cache, and transformers does not import: {e}") from e
+    except ImportError:
+        return KVCache()
     return DynamicCache()
 
 
@@ -59,4 +79,4 @@ def run_chunks(x: torch.Tensor, chunks: Sequence[int],
     return torch.cat(outs, dim=1)
 
 
-__all__ = ["CACHE_ARGUMENTS", "cache_argument", "new_cache", "run_chunks"]
+__all__ = ["CACHE_ARGUMENTS", "KVCache", "cache_argument", "new_cache", "run_chunks"]

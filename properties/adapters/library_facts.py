@@ -16,7 +16,7 @@ from torch import nn
 
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.forward_source import forward_sources
-from mha_verify.properties.adapters.signature import MaskFormat
+from mha_verify.properties.adapters.signature import KEY_PADDING, PADDING_NAMES, MaskFormat, read_signature
 
 
 def library_of(module: nn.Module) -> str:
@@ -50,6 +50,8 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         implementation = read.processor_masks
     row = recognition.library_format(library, implementation)
     exact = read.exact_mask
+    if read_signature(module).mask in PADDING_NAMES:  # its only mask is key padding, whatever its library's
+        return KEY_PADDING, row.fully_masked, row.note
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
 
 

@@ -9,8 +9,9 @@ Roles are found by name, never by counting positional parameters:
   ``context``/``y``/``encoder_hidden_states``/``key_value_states``/``memory``/``kv`` (keys =
   values, as x-transformers, torchtune, diffusers and HF cross-attention take them); neither:
   self-attention only;
-* the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), or a key-padding mask
-  ``key_padding_mask``; a mask parameter without a default is given None when there is no mask.
+* the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), else a key-padding mask
+  ``key_padding_mask`` (B, Lk), True = padded, as torch's; a mask parameter without a default is given
+  None when there is no mask.
 
 Mask *polarity* is never read from outputs: it comes from a :class:`MaskFormat` that a known
 adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, float additive).
@@ -76,8 +77,9 @@ def _roles(forward: Callable[..., Any]) -> Signature:
             break
     else:
         context = next((n for n in CONTEXT_NAMES if n in names), None)
-    mask = next((n for n in MASK_NAMES if n in names), None)
     padding = next((n for n in PADDING_NAMES if n in names), None)
+    # a forward whose only mask is key padding (fairseq-style, speech layers) is masked through it
+    mask = next((n for n in MASK_NAMES if n in names), padding)
     rotary = "position_embeddings" if "position_embeddings" in names else None
     required = mask is not None and params[mask].default is params[mask].empty
     bias = "position_bias" if "position_bias" in names else None
@@ -159,6 +161,10 @@ class MaskFormat:
         return to_kind(mask, self.kind, dtype, takes=self.takes)
 
 
+
+
+#: how a forward whose only mask is ``key_padding_mask`` takes it: torch's meaning (True = padded key), (B, Lk)
+KEY_PADDING = MaskFormat(kind="drop", takes=frozenset({"bool"}), layout="BL")
 
 
 def first_output(out: Any) -> torch.Tensor:

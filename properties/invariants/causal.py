@@ -14,6 +14,8 @@ both alignments are the same and so are the checks.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from hypothesis import strategies as st
 
@@ -24,11 +26,19 @@ from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
 from mha_verify.properties.strategies.examples import AttnExample
 
+#: the mask forms that can carry a causal mask: those with a query axis
+_PER_QUERY = frozenset({"BHLL", "B1LL", "11LL", "LL"})
+
 
 def _causal(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.causal and not conv.mask:
         return ("the target is neither causal (no is_causal attribute, no causal=True declaration) nor takes a mask "
                 "to make it causal")
+    if not conv.causal and not conv.mask_forms & _PER_QUERY:
+        return (f"the target is not causal and takes masks of shapes {', '.join(sorted(conv.mask_forms))} only: "
+                "none has a query axis, so no mask can make it causal")
+    if not conv.causal:  # a causal mask is ANDed into the drawn one: drawn in a form that can hold it
+        conv = dataclasses.replace(conv, mask_forms=conv.mask_forms & _PER_QUERY)
     return examples_for(conv, min_len=2)
 
 
@@ -36,8 +46,9 @@ def _causal_example(bound: Instance, ex: AttnExample) -> AttnExample:
     """The example as is for a causal target; else with a causal keep-mask ANDed into its mask."""
     if bound.conventions.causal:
         return ex
-    causal = causal_keep(ex.sizes.lq, ex.sizes.lk)  # (Lq, Lk)
+    causal = causal_keep(ex.sizes.lq, ex.sizes.lk)  # (Lq, Lk); ANDed below into a mask drawn with a query axis
     if ex.mask is None:
+        causal = _in_taken_form(causal, bound.conventions.mask_forms, ex)
         mask = causal if "bool" in bound.conventions.mask else additive_mask(causal, ex.q.dtype)
     elif ex.mask.dtype == torch.bool:
         mask = ex.mask & causal
@@ -46,6 +57,14 @@ def _causal_example(bound: Instance, ex: AttnExample) -> AttnExample:
         assert bias is not None
         mask = ex.mask + bias
     return ex._replace(mask=mask)
+
+
+def _in_taken_form(causal: torch.Tensor, forms: frozenset[str], ex: AttnExample) -> torch.Tensor:
+    """The causal (Lq, Lk) mask in the first form with a query axis the target takes."""
+    s = ex.sizes
+    shapes = {"LL": (s.lq, s.lk), "11LL": (1, 1, s.lq, s.lk), "B1LL": (s.batch, 1, s.lq, s.lk),
+              "BHLL": (s.batch, s.n_head, s.lq, s.lk)}
+    return causal.expand(next(shape for form, shape in shapes.items() if form in forms))
 
 
 def _rows(bound: Instance, ex: AttnExample, n: int) -> torch.Tensor | None:

@@ -34,9 +34,19 @@ def _positions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     return examples_for(conv, min_len=2)
 
 
-def _full_mask(ex: AttnExample) -> torch.Tensor | None:
-    """The example's mask expanded to (B, H, Lq, Lk) in its own convention."""
-    return None if ex.mask is None else ex.mask.expand(ex.sizes.mask_target())
+# Masks keep the shape they were drawn in (the target's declared forms: a key-padding-only layer
+# takes (B, 1, 1, Lk) and nothing else): an axis is permuted or sliced only where the mask has it.
+def _rows_permuted(mask: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor | None:
+    return mask[..., p, :] if mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1 else mask
+
+
+def _keys_permuted(mask: torch.Tensor | None, p: torch.Tensor) -> torch.Tensor | None:
+    return mask[..., p] if mask is not None and mask.shape[-1] > 1 else mask
+
+
+def _item_mask(mask: torch.Tensor | None, b: int) -> torch.Tensor | None:
+    """Item b's mask, batch axis kept (size 1); a mask without a batch axis serves every item as it is."""
+    return mask[b:b + 1] if mask is not None and mask.dim() == 4 and mask.shape[0] > 1 else mask
 
 
 @invariant("query_permutation", strategy=_positions,
@@ -49,13 +59,13 @@ def query_permutation(bound: Instance, ex: AttnExample) -> Measure:
     A self-attention target permutes x (and both mask axes): out(x[:, P]) = out(x)[:, P].
     """
     p = _perm(ex.sizes.lq, ex.seed)
-    mask = _full_mask(ex)
+    mask = ex.mask
     out = bound(ex.q, ex.k, ex.v, mask)
     if bound.conventions.cross_attention:
-        out_p = bound(ex.q[:, p], ex.k, ex.v, None if mask is None else mask[..., p, :])
+        out_p = bound(ex.q[:, p], ex.k, ex.v, _rows_permuted(mask, p))
     else:
         x = ex.q[:, p]
-        out_p = bound(x, x, x, None if mask is None else mask[..., p, :][..., p])
+        out_p = bound(x, x, x, _keys_permuted(_rows_permuted(mask, p), p))
     return close(out_p, out[:, p], relation_allowed(bound, ex), "output for permuted queries vs permuted output")
 
 
@@ -76,9 +86,9 @@ def key_permutation(bound: Instance, ex: AttnExample) -> Measure:
     out(q, k[:, P], v[:, P], M[..., P]) = out(q, k, v, M) for a permutation P of Lk.
     """
     p = _perm(ex.sizes.lk, ex.seed + 1)
-    mask = _full_mask(ex)
+    mask = ex.mask
     out = bound(ex.q, ex.k, ex.v, mask)
-    out_p = bound(ex.q, ex.k[:, p], ex.v[:, p], None if mask is None else mask[..., p])
+    out_p = bound(ex.q, ex.k[:, p], ex.v[:, p], _keys_permuted(mask, p))
     return close(out_p, out, relation_allowed(bound, ex), "output for permuted keys/values vs original")
 
 
@@ -93,8 +103,7 @@ def batch_independence(bound: Instance, ex: AttnExample) -> Measure:
     out(q, k, v, M)[b] = out(q[b:b+1], k[b:b+1], v[b:b+1], M[b:b+1])[0] for every b; the
     strategy puts an item of magnitude 1e-3 and one of 1e3 in every batch (B >= 2).
     """
-    mask = _full_mask(ex)
-    out = bound(ex.q, ex.k, ex.v, mask)
+    out = bound(ex.q, ex.k, ex.v, ex.mask)
     measures = []
     for b in range(ex.sizes.batch):
         item = _item(ex, b)
@@ -106,7 +115,6 @@ def batch_independence(bound: Instance, ex: AttnExample) -> Measure:
 
 
 def _item(ex: AttnExample, b: int) -> AttnExample:
-    """Item b of the example as an example of batch 1 (its mask expanded to (1, H, Lq, Lk))."""
-    mask = _full_mask(ex)
+    """Item b of the example as an example of batch 1 (its mask in the shape it was drawn in)."""
     return ex._replace(sizes=ex.sizes._replace(batch=1), q=ex.q[b:b + 1], k=ex.k[b:b + 1], v=ex.v[b:b + 1],
-                       mask=None if mask is None else mask[b:b + 1], scales=(ex.scales[b],))
+                       mask=_item_mask(ex.mask, b), scales=(ex.scales[b],))
