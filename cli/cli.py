@@ -11,6 +11,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import NoReturn
 
@@ -201,13 +202,20 @@ def run_check(args: argparse.Namespace) -> int:
         tasks = [tasks[i] for i in mine]
     limits = None if args.no_isolation else Limits(timeout=args.timeout)
 
+    started, begun, jobs = [0], time.monotonic(), args.jobs or default_jobs()
+
     def progress(name: str) -> None:
-        print(f"  running {name} ...", file=sys.stderr, flush=True)
+        started[0] += 1
+        # a check starts when a worker is free: those started beyond the workers are the ones done, and
+        # the time left is theirs averaged (a rough figure, said to be one)
+        done, elapsed = started[0] - min(jobs, len(tasks)), time.monotonic() - begun
+        left = f", ~{elapsed / done * (len(tasks) - done):.0f} s left" if done > 0 else ""
+        print(f"  [{started[0]}/{len(tasks)}, {elapsed:.0f} s{left}] running {name} ...", file=sys.stderr, flush=True)
 
     # longest first (the exports, then the properties that sweep the size boundaries), so that no
     # worker is left alone with a long check at the end
     full = {p.name for p in props if p.reach != "modest"}
-    groups = run_task_groups(tasks, limits=limits, progress=progress, jobs=args.jobs or default_jobs(),
+    groups = run_task_groups(tasks, limits=limits, progress=progress, jobs=jobs,
                              rank=lambda t: 0 if t.stage == "export" else 1 if t.name in full else 2)
     results = [r for group in groups for r in group]
     if shard_block is not None:

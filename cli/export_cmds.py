@@ -28,12 +28,13 @@ class _Abort(Exception):  # noqa: N818 -- control flow, not an error
     """Validation failed: leave no file."""
 
 
-def format_results(results: Sequence[CheckResult]) -> str:
-    """The CLI's text report: a table per stage, each failure in full, a summary line."""
+def format_results(results: Sequence[CheckResult], title: str | None = None) -> str:
+    """The CLI's text report: a table per stage (titled ``title`` where given: what the command did),
+    each failure in full, a summary line."""
     from mha_verify import report_text
 
-    return "\n".join((report_text.table(results), report_text.failures(results), report_text.findings(results),
-                      report_text.summary(results)))
+    return "\n".join((report_text.table(results, title), report_text.failures(results),
+                      report_text.findings(results), report_text.summary(results)))
 
 
 def _providers(text: str) -> list[str]:
@@ -74,10 +75,13 @@ def cmd_export(args: argparse.Namespace) -> int:
         if not args.output:
             raise ValueError("-o/--output is an empty path")
         AtomicWriter(out)  # a directory, a missing or read-only folder: refused now, before any work
-        target = load_target(args.target)
+        target = load_target(args.target, adapter=args.adapter)
         bound = target.build(args.d_model, args.n_head, seed=args.weight_seed, dtype=dtype)
         if args.weights is not None:
             load_weights(bound, args.weights, dtype)
+        if not args.no_mask_input and not bound.conventions.mask:
+            raise ValueError(f"{args.target} takes no mask, so the graph cannot have a mask input: pass "
+                             "--no-mask-input (inputs q, k, v only)")
     except (TargetError, ModelError, ValueError, TypeError, OSError) as exc:
         return usage_error(str(exc))
     try:
@@ -162,7 +166,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  problems=[problem] if problem else [],
                                  hints=[probed] if isinstance(probed, str) else _fully_masked_hint(found, info))
     results = [interface, *([] if problem else run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs()))]
-    print(printable(format_results(results)))
+    print(printable(format_results(results, title="validate")))  # its checks' stage is "export" in reports
     return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
 
 
@@ -257,6 +261,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     ex.add_argument("--graph", choices=("torch", "ort-contrib"), default="torch",
                     help="torch: the exporter's standard ONNX (default); ort-contrib: onnxruntime's fused "
                          "com.microsoft.MultiHeadAttention (onnxruntime only; written as NAME.ort-contrib.onnx)")
+    ex.add_argument("--adapter", default=None, help="force an adapter instead of finding one by structure: a "
+                    "registered name (`mha-verify list` prints them all) or pkg.mod:YourAdapter")
     ex.add_argument("--no-mask-input", action="store_true",
                     help="write a mask-free graph (inputs q, k, v): for deployments that never mask")
     ex.set_defaults(func=cmd_export)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from mha_verify.properties.engine.results import CheckResult
 from mha_verify.report_groups import as_float, group_failures, not_finite
+from mha_verify.report_text import hypothesis_hint
 
 _COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "finding": "#1565c0",
             "n/a": "#757575"}
@@ -155,7 +156,7 @@ def _details(results: Sequence[CheckResult]) -> str:
         if r.replay:
             block.append(f"<p><b>replay</b>: <code>{e(r.replay)}</code></p>")
         for note in r.details.get("hypothesis", []):
-            block.append(f"<pre>{e(str(note).strip())}</pre>")
+            block.append(f"<pre>{e(hypothesis_hint(str(note)))}</pre>")
         hm = r.details.get("heatmap")
         if hm:
             block.append(f"<p>attention weights of item 0 ({e(str(hm['source']))}); white 0, blue 1, magenta NaN</p>"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from mha_verify.properties.engine.results import KINDS, VERDICTS, CheckResult
@@ -14,14 +15,15 @@ def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.2e}"
 
 
-def table(results: Iterable[CheckResult]) -> str:
-    """One table per stage: check, examples, verdict, worst error against its tolerance, seconds."""
+def table(results: Iterable[CheckResult], title: str | None = None) -> str:
+    """One table per stage: check, examples, verdict, worst error against its tolerance, seconds. Each
+    is headed by its stage, or by ``title`` (what the command did: ``validate`` runs export-stage checks)."""
     rows = list(results)
     lines: list[str] = []
     for stage in dict.fromkeys(r.stage for r in rows):
         stage_rows = [r for r in rows if r.stage == stage]
         width = max(len("check"), *(len(r.name) for r in stage_rows))
-        lines.append(f"\n{stage}")
+        lines.append(f"\n{title or stage}")
         head = f"  {'check':<{width}}  {'examples':>8}  {'verdict':<8}  {'worst error':>11}  {'allowed':>9}"
         lines.append(f"{head}  {'s':>6}")
         for r in stage_rows:
@@ -52,6 +54,19 @@ def findings(results: Iterable[CheckResult]) -> str:
     return "\n".join(out)
 
 
+_DECORATOR = re.compile(r"@(?:reproduce_failure|seed)\([^)]*\)")
+
+
+def hypothesis_hint(note: str) -> str:
+    """Hypothesis's note on a failure, for someone at a command line: its decorator replays the example in
+    a pytest test of their own; the replay command needs none ("add it to your test function" otherwise
+    reads as an instruction about the CLI)."""
+    m = _DECORATOR.search(note)
+    if m is None:
+        return note.strip()
+    return f"pytest:  {m.group(0)} on a test of your own replays this example (the replay command needs nothing)"
+
+
 def failures(results: Iterable[CheckResult]) -> str:
     """Each failure: what went wrong, the shrunk counterexample and the command that replays it.
 
@@ -68,7 +83,7 @@ def failures(results: Iterable[CheckResult]) -> str:
         if r.replay:
             out.append(f"  replay:  {r.replay}")
         for note in r.details.get("hypothesis", []):
-            out.append(f"  {note.strip()}")
+            out.append(f"  {hypothesis_hint(note)}")
         if same:
             out.append(f"  same cause (a NaN or inf output) fails {len(same)} more check{'s' * (len(same) > 1)}:")
             for s in same:

@@ -123,10 +123,13 @@ def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
     for adapter in known:
         if adapter.matches(module):
             return adapter
+    # the adapters by name only: their descriptions are what `mha-verify list` prints, and the error
+    # stays one readable line
     raise ValueError(
         f"no adapter recognizes {type(module).__name__} (its children: "
         f"{', '.join(n for n, _ in module.named_children()) or 'none'}); known adapters: "
-        + ", ".join(f"{a.name} ({a.description})" for a in known)
+        f"{', '.join(a.name for a in known)} (`mha-verify list` says what each reads); for another layout pass "
+        "--adapter pkg.mod:YourAdapter (docs/conventions-and-adapters.md, about ten lines)"
     )
 
 
