@@ -27,6 +27,7 @@ from hypothesis.errors import Unsatisfiable
 from mha_verify.mha.reference import multi_head
 from mha_verify.properties.engine.call_path import Checked, weights_if_any
 from mha_verify.properties.engine.keyed_database import keyed
+from mha_verify.properties.engine.lazy_modules import shield_module_walk
 from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
@@ -293,9 +294,11 @@ def _search(
                            seconds=time.perf_counter() - start,
                            details={"conventions": conventions}), None
     stats = _Stats()
+    shield_module_walk()
 
     def body(ex: AttnExample) -> None:  # kept short: Hypothesis reads (and tokenizes) its source every run
         _check_example(evaluate, stats, ex, observer)
+        shield_module_walk()  # modules the target's call imported, before the next draw walks them
 
     def run(strategy: st.SearchStrategy[AttnExample], settings: Settings, phase: str) -> BaseException | None:
         test = given(strategy)(body)
@@ -358,6 +361,11 @@ def _search(
         if isinstance(error, Unsatisfiable) and stats.failure is None:
             return CheckResult(name, "properties", "warn", seconds=seconds, details=details,
                                reason="no generated example satisfied the target's conventions: nothing checked"), None
+        if stats.failure is None:  # raised outside every call of the target: drawing, Hypothesis's own checks
+            first = (str(error).strip().splitlines() or [""])[0][:300]
+            return CheckResult(name, "properties", "warn", seconds=seconds, details=details, reason=(
+                f"not the target's: the harness's example generation raised {type(error).__name__}: {first} "
+                "(nothing was checked after it)")), None
         ex = stats.failing_example
         notes = [n for n in getattr(error, "__notes__", []) if "reproduce_failure" in n or "@seed" in n]
         if notes:

@@ -1,0 +1,28 @@
+"""A library's lazy module that raises on attribute lookup, imported by the target's own call: Hypothesis's
+walk of sys.modules passes it by, and an error raised outside the target's calls is never the target's
+(tests/fixtures/lazy_import.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_verify.properties.engine import profiles, runner
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.targets.eager import load_target
+
+SPEC = "tests/fixtures/lazy_import.py:ImportsLazily"
+SETTINGS = profiles.PROFILES["quick"]
+
+
+@pytest.mark.parametrize("name", ["oracle_agreement", "key_permutation"])
+def test_a_lazy_module_the_target_imports_does_not_stop_the_draw(name: str) -> None:
+    result = runner.run_property(all_properties()[name], load_target(SPEC), settings=SETTINGS)
+    assert result.verdict == "pass" and result.examples > 0, result
+
+
+def test_an_error_outside_the_targets_calls_is_named_the_harness_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner, "shield_module_walk", lambda: None)
+    result = runner.run_property(all_properties()["query_permutation"], load_target(SPEC), settings=SETTINGS)
+    assert result.verdict == "warn", result
+    assert str(result.reason).startswith("not the target's: the harness's example generation raised ImportError")
+    assert "the target raised" not in str(result.reason)
