@@ -86,6 +86,10 @@ class Conventions:
     kv_cache: the KV-cache protocol the target's forward takes, read from it (``"hf_cache"``: a
         transformers ``Cache`` argument and the layer's ``layer_idx``, :mod:`adapters.kv_cache`), or
         None: the target cannot be run position by position through a cache of its own.
+    layout: how the target takes q, k, v and gives its output: "batch_first" (B, L, D), or "seq_first"
+        (L, B, D: fairseq's and speech layers'); declared or read by a probe at load
+        (:mod:`adapters.layout_probe`). The properties hand (B, L, D) over either way; the adapter
+        transposes.
     torch_modes: torch's inference mode and training mode reach the computation (False for an
         onnxruntime session: it computes the same whatever torch's modes).
     output_dtype: the dtype of every output whatever the inputs' (a layer that always returns
@@ -126,6 +130,7 @@ class Conventions:
     kv_heads: int | None = None
     kv_map: str = "interleave"
     kv_cache: str | None = None
+    layout: str = "batch_first"
     torch_modes: bool = True
     output_dtype: torch.dtype | None = None
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
@@ -155,7 +160,7 @@ class Conventions:
 
         Keys: mask (types: "bool", "float"), mask_forms, cross_attention, self_attention (its
         negation), kv_shared, weights, fully_masked, causal (True, False, "top_left", "bottom_right"), grads,
-        dropout, kv_heads, kv_map ("interleave", "tile"), output_dtype
+        dropout, kv_heads, kv_map ("interleave", "tile"), layout ("batch_first", "seq_first"), output_dtype
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
         (None, or a mapping of base, interleaved, fraction, reverse: ``{"base": 10000.0}``), softcap (a
         positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias),
@@ -185,6 +190,8 @@ class Conventions:
             parts.append("causal" if self.causal == "top_left" else "causal (bottom-right aligned)")
         if self.kv_heads:
             parts.append(f"{self.kv_heads} kv heads")
+        if self.layout == "seq_first":
+            parts.append("sequence first (L, B, D)")
         if self.sizes:
             parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
         if self.head_dim_multiple > 1:
@@ -228,6 +235,10 @@ def _causal(value: object) -> bool | str:
     if not isinstance(value, (bool, str)):
         raise TypeError("expected True, False, 'top_left' or 'bottom_right'")
     return causal_alignment(value) or False
+
+
+#: the layouts of q, k, v and the output a target may take (Conventions.layout)
+LAYOUTS = ("batch_first", "seq_first")
 
 
 def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:
@@ -308,6 +319,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "dropout": ("dropout", _flag),
     "kv_heads": ("kv_heads", _positive_or_none),
     "kv_map": ("kv_map", _choice(KV_MAPS)),
+    "layout": ("layout", _choice(LAYOUTS)),
     "output_dtype": ("output_dtype", _output_dtype),
     "scale": ("scale", _scale),
     "rotary": ("rotary", _rotary),

@@ -60,6 +60,7 @@ from mha_verify.properties.adapters.layer_attrs import (
     returns_weights,
     set_all_dropout,
 )
+from mha_verify.properties.adapters.layout_probe import read_layout
 from mha_verify.properties.adapters.library_facts import (
     always_masked,
     argument_ignored,
@@ -184,6 +185,9 @@ class StructuralAdapter(Adapter):
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
                    + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),
         )
+        layout, layout_how = self._layout(module)
+        if layout != "batch_first":
+            found = dataclasses.replace(found, layout=layout, notes=(*found.notes, layout_how))
         conv = declared_conventions(module, found)
         declared = dict(getattr(module, "mha_verify_conventions", None) or {})
         if takes_kv and not conv.cross_attention and isinstance(declared.get("causal"), str) \
@@ -235,9 +239,41 @@ class StructuralAdapter(Adapter):
             how += ", times the head_size ** -0.5 its forward multiplies the queries by"
         return scale, how
 
+    def _layout(self, module: nn.Module) -> tuple[str, str]:
+        """The layer's layout, probed where its library does not fix it (those the harness knows are
+        batch-first) and its forward takes x alone (no rotary tables, no position bias to pass)."""
+        sig = read_signature(module)
+        if {library for library, _ in recognition.LIBRARY_FORMATS} & {library_of(module)} or sig.rotary \
+                or sig.position_bias or cache_argument(module):
+            return "batch_first", ""
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            kwargs: dict[str, object] = {sig.input: x}
+            if sig.key is not None and sig.value is not None:
+                kwargs[sig.key] = kwargs[sig.value] = x
+            if sig.mask is not None and sig.mask_required:
+                kwargs[sig.mask] = None
+            return first_output(module(**kwargs))
+
+        p = self.params(module)
+        return read_layout(module, run, p.w_q.shape[1], p.w_q.dtype)
+
+    @staticmethod
+    def _seq_first(conv: Conventions, kwargs: dict[str, object], sig_names: tuple[str | None, ...]) -> None:
+        """q, k, v (B, L, D) in ``kwargs`` as (L, B, D) for a sequence-first layer (one tensor stays one)."""
+        if conv.layout != "seq_first":
+            return
+        seen: dict[int, torch.Tensor] = {}
+        for name in (n for n in sig_names if n is not None):
+            t = kwargs.get(name)
+            if isinstance(t, torch.Tensor) and t.dim() == 3:
+                kwargs[name] = seen.setdefault(id(t), t.transpose(0, 1))
+
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
         out = first_output(module(**self._points(module, self._kwargs(module, q, k, v, mask))))
+        if self.conventions(module).layout == "seq_first":
+            out = out.transpose(0, 1)  # (L, B, D) -> (B, L, D)
         return out[:, 0] if takes_points(module) else out
 
     def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -250,7 +286,8 @@ class StructuralAdapter(Adapter):
         at = 2 if read_signature(module).position_bias is not None else 1
         if not (isinstance(out, tuple) and len(out) > at and isinstance(out[at], torch.Tensor)):
             raise NotApplicable("the target's forward returned no attention weights")
-        return (out[0][:, 0] if takes_points(module) else out[0]), out[at]  # weights (B * 1, H, Lq, Lk)
+        first = out[0].transpose(0, 1) if self.conventions(module).layout == "seq_first" else out[0]
+        return (first[:, 0] if takes_points(module) else first), out[at]  # weights (B * 1, H, Lq, Lk)
 
     @staticmethod
     def _points(module: nn.Module, kwargs: dict[str, object]) -> dict[str, object]:
@@ -313,6 +350,7 @@ class StructuralAdapter(Adapter):
             cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each
             # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
             kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
+        self._seq_first(conv, kwargs, (sig.input, sig.key, sig.value, sig.context))
         return kwargs
 
     def cached(self, module: nn.Module, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
