@@ -185,9 +185,9 @@ class StructuralAdapter(Adapter):
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
                    + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),
         )
-        layout, layout_how = self._layout(module)
-        if layout != "batch_first":
-            found = dataclasses.replace(found, layout=layout, notes=(*found.notes, layout_how))
+        io_layout, io_layout_how = self._layout(module)
+        if io_layout != "batch_first":
+            found = dataclasses.replace(found, layout=io_layout, notes=(*found.notes, io_layout_how))
         conv = declared_conventions(module, found)
         declared = dict(getattr(module, "mha_verify_conventions", None) or {})
         if takes_kv and not conv.cross_attention and isinstance(declared.get("causal"), str) \
