@@ -41,6 +41,8 @@ AUDIT = {
     "mask_zeroes_weights": "MaskedWeightsOff",
     "gradcheck": "GradientRowOff",
     "window_locality": "WindowLeaks",
+    "dropout_statistics": "InTrainingWithDropout",
+    "decode_consistency": "tests/fixtures/cached_layers.py:OneRowOffWhenCached",
 }
 # the properties whose verdict is not a comparison within an allowance
 NO_ALLOWANCE = {
@@ -55,7 +57,8 @@ def test_every_property_is_audited() -> None:
 
 @pytest.mark.parametrize("prop", list(AUDIT))
 def test_a_layer_one_percent_off_on_one_row_fails(prop: str) -> None:
-    result = run_property(all_properties()[prop], load_target(FIXTURE + AUDIT[prop]),
+    layer = AUDIT[prop] if ":" in AUDIT[prop] else FIXTURE + AUDIT[prop]
+    result = run_property(all_properties()[prop], load_target(layer),
                           settings=profiles.PROFILES["ci"])
     assert result.verdict == "fail", result
     assert result.allowed is not None and math.isfinite(result.allowed), result
