@@ -4,6 +4,9 @@ walk of sys.modules passes it by, and an error raised outside the target's calls
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+
 import pytest
 
 from mha_verify.properties.engine import profiles, runner
@@ -12,6 +15,15 @@ from mha_verify.properties.targets.eager import load_target
 
 SPEC = "tests/fixtures/lazy_import.py:ImportsLazily"
 SETTINGS = profiles.PROFILES["quick"]
+
+
+@pytest.fixture(autouse=True)
+def _lazy_modules_removed_after() -> Iterator[None]:
+    """The fixture's modules raise on any lookup: left in sys.modules, they break whatever walks it next
+    (inspect.getmodule, a file loader) in this worker."""
+    yield
+    for name in [n for n in sys.modules if n.startswith("lazy_backend_")]:
+        del sys.modules[name]
 
 
 @pytest.mark.parametrize("name", ["oracle_agreement", "key_permutation"])

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import sys
 
-_walked = [-1]  # len(sys.modules) when last looked at: the same cheap test Hypothesis makes
-
 
 def shield_module_walk() -> None:
-    """Mark every module in ``sys.modules`` whose ``__file__`` lookup raises as walked for Hypothesis."""
-    if len(sys.modules) == _walked[0]:
-        return
+    """Mark every module in ``sys.modules`` whose ``__file__`` lookup raises as walked for Hypothesis.
+
+    Every module is looked at whose id Hypothesis has not seen (not only when ``sys.modules`` grew: a
+    module replaced under its name leaves the length as it was)."""
     try:
         from hypothesis.internal.conjecture import providers
 
@@ -32,7 +31,6 @@ def shield_module_walk() -> None:
             getattr(module, "__file__", None)
         except Exception:
             seen.add(id(module))
-    _walked[0] = len(sys.modules)
 
 
 __all__ = ["shield_module_walk"]

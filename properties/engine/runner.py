@@ -362,9 +362,14 @@ def _search(
             return CheckResult(name, "properties", "warn", seconds=seconds, details=details,
                                reason="no generated example satisfied the target's conventions: nothing checked"), None
         if stats.failure is None:  # raised outside every call of the target: drawing, Hypothesis's own checks
-            first = (str(error).strip().splitlines() or [""])[0][:300]
+            cause = error
+            # an exception group (Hypothesis's FlakyFailure) says what it wraps: the first of it
+            while isinstance(inner := getattr(cause, "exceptions", None), (list, tuple)) and inner \
+                    and isinstance(inner[0], BaseException):
+                cause = inner[0]
+            first = (str(cause).strip().splitlines() or [""])[0][:300]
             return CheckResult(name, "properties", "warn", seconds=seconds, details=details, reason=(
-                f"not the target's: the harness's example generation raised {type(error).__name__}: {first} "
+                f"not the target's: the harness's example generation raised {type(cause).__name__}: {first} "
                 "(nothing was checked after it)")), None
         ex = stats.failing_example
         notes = [n for n in getattr(error, "__notes__", []) if "reproduce_failure" in n or "@seed" in n]
