@@ -9,6 +9,7 @@ the next positions of one sequence; the layer sees the cache the earlier chunks 
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 
@@ -25,8 +26,14 @@ def cache_argument(module: nn.Module) -> str | None:
     layer_idx = getattr(module, "layer_idx", None)
     if not isinstance(layer_idx, int) or isinstance(layer_idx, bool) or layer_idx < 0:
         return None
+    return _cache_parameter(type(module).forward)
+
+
+@functools.lru_cache(maxsize=256)
+def _cache_parameter(forward: Callable[..., object]) -> str | None:
+    """The cache parameter of a forward function, read once per function (conventions are read at every call)."""
     try:
-        params = inspect.signature(type(module).forward).parameters
+        params = inspect.signature(forward).parameters
     except (TypeError, ValueError):
         return None
     named = next((name for name in CACHE_ARGUMENTS if name in params), None)
