@@ -5,6 +5,7 @@ the sources themselves, for the readers of library facts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import re
@@ -103,17 +104,55 @@ def own_causal_mask(module: nn.Module) -> bool:
 
 def forward_sources(module: nn.Module) -> tuple[tuple[str, str], ...]:
     """(where, source text) of the layer's forward and of a diffusers processor's ``__call__``
-    (the layer's forward hands the work to it); "" where the source cannot be read."""
+    (the layer's forward hands the work to it); "" where the source cannot be read. For a layer of a
+    library the harness has no facts about, also the methods and functions of its own module that the
+    forward names (whisper's ``self.qkv_attention``, a module-level ``attention(q, k, v, mask)``): the
+    steps it takes are there."""
     processor = getattr(module, "processor", None)
     call = type(processor).__call__ if processor is not None and callable(processor) else None
-    return _sources(type(module).forward, call)
+    cls: type = type(module)
+    return _sources(type(module).forward, call, _helpers(cls))
 
 
 @functools.lru_cache(maxsize=256)
-def _sources(forward: Callable[..., Any], call: Callable[..., Any] | None) -> tuple[tuple[str, str], ...]:
+def _helpers(cls: type) -> tuple[tuple[str, Callable[..., Any]], ...]:
+    """(where, function) of the methods and same-module functions ``cls.forward`` names, for classes
+    of no library the harness knows (one level: what those call is not read)."""
+    from mha_verify.properties.adapters.recognition import LIBRARY_FORMATS
+
+    known = {library for library, _ in LIBRARY_FORMATS}
+    if cls.__module__.split(".")[0] in {"torch", "mha_verify"} \
+            or any(c.__module__.split(".")[0] in known for c in cls.__mro__):
+        return ()
+    try:
+        source = inspect.getsource(getattr(cls, "forward"))  # noqa: B009 (a type, to mypy, has no forward)
+    except (OSError, TypeError):
+        return ()
+    found: dict[str, tuple[str, Callable[..., Any]]] = {}
+    if re.search(r"\bsuper\(\s*(\w+\s*,\s*self\s*)?\)\.forward\(", source):  # a twin's forward on its parent's
+        parent = next((c for c in cls.__mro__[1:] if "forward" in vars(c)), None)
+        if parent is not None and parent.__module__.split(".")[0] != "torch":
+            found["super().forward"] = (f"{parent.__name__}.forward (its parent's)", vars(parent)["forward"])
+            with contextlib.suppress(OSError, TypeError):
+                source += "\n" + inspect.getsource(vars(parent)["forward"])
+    namespace = vars(inspect.getmodule(cls) or object())
+    for attr in re.findall(r"\bself\.(\w+)\s*\(", source):
+        fn = inspect.getattr_static(cls, attr, None)
+        if inspect.isfunction(fn) and attr != "forward":
+            found.setdefault(attr, (f"its method {attr}", fn))
+    for name in re.findall(r"(?<![.\w])(\w+)\b", source):
+        fn = namespace.get(name)
+        if inspect.isfunction(fn) and fn.__module__ == cls.__module__:
+            found.setdefault(name, (f"{name} (its module's)", fn))
+    return tuple(list(found.values())[:12])
+
+
+@functools.lru_cache(maxsize=256)
+def _sources(forward: Callable[..., Any], call: Callable[..., Any] | None,
+             helpers: tuple[tuple[str, Callable[..., Any]], ...] = ()) -> tuple[tuple[str, str], ...]:
     """Read once per (forward, processor call): conventions are asked for at every call of a layer."""
     out = []
-    for where, fn in (("its forward", forward), ("its processor", call)):
+    for where, fn in (("its forward", forward), ("its processor", call), *helpers):
         try:
             out.append((where, inspect.getsource(fn) if fn is not None else ""))
         except (OSError, TypeError):

@@ -16,6 +16,7 @@ from torch import nn
 
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.forward_source import forward_sources
+from mha_verify.properties.adapters.mask_reading import read_mask
 from mha_verify.properties.adapters.signature import KEY_PADDING, PADDING_NAMES, MaskFormat, read_signature
 
 
@@ -50,8 +51,15 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         implementation = read.processor_masks
     row = recognition.library_format(library, implementation)
     exact = read.exact_mask
-    if read_signature(module).mask in PADDING_NAMES:  # its only mask is key padding, whatever its library's
+    mask = read_signature(module).mask
+    if mask in PADDING_NAMES:  # its only mask is key padding, whatever its library's
         return KEY_PADDING, row.fully_masked, row.note
+    if row is recognition.UNKNOWN_LIBRARY and mask is not None:  # no facts of its library: its source's
+        reading = read_mask(forward_sources(module), mask)
+        if reading.how:
+            fmt = reading.format(row.mask)
+            return (fmt, reading.fully_masked or row.fully_masked,
+                    f"mask convention read from its source: {'; '.join(reading.how)}")
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
 
 
@@ -64,6 +72,15 @@ def rows_unspecified(module: nn.Module) -> str | None:
 #: a parameter's own comment saying its forward does not use it ("# Not used but kept for signature
 #: matching", "# unused", "# ignored"), on the line that declares it
 _IGNORED_NOTE = re.compile(r"#[^\n]*\b(not used|unused|ignored)\b", re.IGNORECASE)
+
+
+def mask_switch(module: nn.Module, name: str) -> str | None:
+    """Where the layer reads its mask only as a flag (whisper's SDPA path: ``is_causal=mask is not
+    None and n_ctx > 1``), quoted; None where it applies it."""
+    if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
+        return None
+    switch = read_mask(forward_sources(module), name).switch
+    return None if switch is None else f"its source reads it only as a switch: {switch}"
 
 
 def argument_ignored(module: nn.Module, name: str) -> str | None:

@@ -25,6 +25,7 @@ from mha_verify.properties.adapters.base import (
     QueryKeyValueAdapter,
     TorchMHAAdapter,
 )
+from mha_verify.properties.adapters.by_shape import ByShapeAdapter
 from mha_verify.properties.adapters.projections import STRUCTURAL
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, TargetError
@@ -32,7 +33,8 @@ from mha_verify.properties.protocol import Conventions, TargetError
 ENTRY_POINT_GROUP = "mha_verify.adapters"
 
 _EXACT: tuple[Adapter, ...] = (TorchMHAAdapter(), QKVAdapter(), QueryKeyValueAdapter(), LinearQKVAdapter())
-_REGISTRY: list[Adapter] = [*_EXACT, *STRUCTURAL]
+#: names first; shapes last, where no naming fits
+_REGISTRY: list[Adapter] = [*_EXACT, *STRUCTURAL, ByShapeAdapter()]
 _entry_points_loaded = False
 _entry_point_error: str | None = None
 

@@ -6,7 +6,7 @@ Roles are found by name, never by counting positional parameters:
 * the input: ``x``, ``hidden_states``, ``input``, ``inputs``, ``query``, ``q`` (the first
   parameter if none of these: a layer's first argument is its input);
 * keys and values: ``key``/``value`` or ``k``/``v`` (cross-attention, q/k/v layers), or one
-  ``context``/``y``/``encoder_hidden_states``/``key_value_states``/``memory``/``kv`` (keys =
+  ``context``/``y``/``encoder_hidden_states``/``key_value_states``/``memory``/``kv``/``xa`` (keys =
   values, as x-transformers, torchtune, diffusers and HF cross-attention take them); neither:
   self-attention only;
 * the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), else a key-padding mask
@@ -33,7 +33,7 @@ from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))
-CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "key_value_states", "memory", "kv")
+CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "key_value_states", "memory", "kv", "xa")
 MASK_NAMES = ("attn_mask", "attention_mask", "mask")
 PADDING_NAMES = ("key_padding_mask",)
 
@@ -101,7 +101,8 @@ class MaskFormat:
         axis: (B, Lq, Lk), torchtune), "BL" (key padding (B, Lk), x-transformers' ``mask``), "B1LL"
         (exactly (B, 1, Lq, Lk): HF's older layers, BART's copies such as LED's decoder, compare the
         mask's size to that and raise on any other), "BHLL3" (exactly (B * H, Lq, Lk), the heads
-        folded into the batch: Mask2Former's and OneFormer's DETR-style layers).
+        folded into the batch: Mask2Former's and OneFormer's DETR-style layers), "LL" (one (Lq, Lk)
+        mask for every item and head: whisper's classic path).
     """
 
     kind: str = "keep"
@@ -113,7 +114,7 @@ class MaskFormat:
         """Which of (B, H, Lq, Lk) the layout carries at full size."""
         return {"BHLL": (True, True, True, True), "BHLL4": (True, True, True, True), "BLL": (True, False, True, True),
                 "BL": (True, False, False, True), "B1LL": (True, False, True, True),
-                "BHLL3": (True, True, True, True)}[self.layout]
+                "BHLL3": (True, True, True, True), "LL": (False, False, True, True)}[self.layout]
 
     @property
     def forms(self) -> frozenset[str]:
@@ -125,7 +126,8 @@ class MaskFormat:
         what = {"keep": "bool True = may attend", "drop": "bool True = masked out",
                 "additive": "additive float, -inf removes", "additive_min": "additive float, finfo.min removes"}
         shape = {"BHLL": "", "BHLL4": ", of rank 4", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)",
-                 "B1LL": ", shaped (B, 1, Lq, Lk) exactly", "BHLL3": ", shaped (B * H, Lq, Lk)"}
+                 "B1LL": ", shaped (B, 1, Lq, Lk) exactly", "BHLL3": ", shaped (B * H, Lq, Lk)",
+                 "LL": ", one (Lq, Lk) mask for every item and head"}
         return f"mask passed as {what[self.kind]}{shape[self.layout]}"
 
     def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,

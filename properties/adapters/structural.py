@@ -11,6 +11,8 @@ adapter                recognizes
                        ``to_out`` (x-transformers); grouped-query and multi-query attention
                        (fewer key/value rows: kv heads are read from the weights' shapes)
 ``qkv_no_output``      ``query/key/value`` with no output projection (HF BERT self-attention)
+``by_shape``           last: the projections the forward names, read by their shapes
+                       (``properties.adapters.by_shape``: whisper, perceiver, vit-pytorch)
 =====================  ========================================================================
 
 What a known library means by its mask is written here, once, per library (never inferred
@@ -67,6 +69,7 @@ from mha_verify.properties.adapters.library_facts import (
     argument_unread,
     library_format,
     library_of,
+    mask_switch,
     read_sources,
     rows_unspecified,
     takes_points,
@@ -74,6 +77,7 @@ from mha_verify.properties.adapters.library_facts import (
 from mha_verify.properties.adapters.qk_norm import qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
+from mha_verify.properties.adapters.unmodelled import describe_steps
 from mha_verify.properties.protocol import Conventions, NotApplicable
 
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
@@ -108,16 +112,21 @@ class StructuralAdapter(Adapter):
         position_bias = layer_position_bias(module)
         extra = self._unmodelled(module, (q_norm, k_norm, v_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
-            raise ValueError(f"{type(module).__name__} has parameters no step of the oracle uses ({', '.join(extra)}): "
-                             "a step beyond the attention the oracle models (a gate, a learned scale, attention "
-                             "sinks, a convolution), so it cannot be verified yet")
+            try:
+                heads: int | None = n_head_of(module)
+            except NotApplicable:
+                heads = None
+            raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
+                             f"{describe_steps(module, extra, heads)}, so it cannot be verified yet (a gate, a "
+                             "learned scale, attention sinks, a convolution are refused the same way)")
         sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
         if fully_masked == "uniform" and causal and own_causal_mask(module):
             # ImageGPT's where(causal, scores, finfo.min) plus a finfo.min mask: -inf on future keys
             fully_masked = "uniform_visible"
-        ignored = argument_ignored(module, sig.mask) if sig.mask is not None else None
+        ignored = (argument_ignored(module, sig.mask) or mask_switch(module, sig.mask)) if sig.mask is not None \
+            else None
         # a mask its own source says it does not use (PP-OCR's image recognizers): called without
         # one; the mask properties are n/a with that kind, quoting the line
         has_mask = sig.mask is not None and ignored is None
@@ -179,7 +188,7 @@ class StructuralAdapter(Adapter):
             v_norm=v_norm,
             softcap=softcap,
             position_bias=position_bias,
-            notes=(f"adapter {self.name}", how,
+            notes=(f"adapter {self.name}", *(n for n in (self.reading_note(module),) if n), how,
                    *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
@@ -197,6 +206,10 @@ class StructuralAdapter(Adapter):
             # (a decode step, a chunked prefill): drawn with keys and values of their own
             conv = dataclasses.replace(conv, cross_attention=True)
         return conv
+
+    def reading_note(self, module: nn.Module) -> str:
+        """How the projections were read, where names did not say it ("": by their names)."""
+        return ""
 
     def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None) -> list[str]:
         """The names of ``module``'s parameters that neither the projections, the QK-norm nor the
@@ -397,6 +410,11 @@ def head_dim_of(module: nn.Module, params: MHAParams) -> int:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return params.w_q.shape[0] // _n_head(module)
+
+
+def n_head_of(module: nn.Module) -> int:
+    """The head count the layer states in an attribute (``num_heads``, ``n_head``, ``heads``, ...)."""
+    return _n_head(module)
 
 
 def _n_head(module: nn.Module) -> int:

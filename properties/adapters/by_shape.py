@@ -1,0 +1,173 @@
+"""Projections read from what a layer shows where no naming of :data:`recognition.PROJECTIONS` fits:
+the linear children its forward names, in the order it names them, and their weights' shapes.
+
+Whisper's ``query/key/value/out``, lucidrains' ``to_q/to_kv/to_out`` (perceiver, conformer) and
+``to_qkv/to_out`` (vit-pytorch), a ``ModuleList`` of q, k, v (and o) projections: no table row names
+them all, and a new library would need a new row. What every one of them shows is the same:
+
+* 2 projections: one (3 I, D) applied first (q, k, v chunked in that order), then one (D, I);
+* 3 projections: (I, D), then (2 Ikv, Dc) (keys then values chunked: ``k, v = self.to_kv(c).chunk(2)``),
+  then (D, I);
+* 4 projections: (I, D), (Ikv, Dc), (Ikv, Dc), (D, I): q, k, v, o in the order the forward names
+  them, unless their names say which is which (``query``/``q``, ``key``/``k``, ``value``/``v``).
+
+I is a multiple of the head count the layer states (``heads``, ``n_head``, ...). Anything else is
+not recognized: the user's adapter says what it is. What the forward does between the projections
+is the structural adapter's to read (its mask format, causality, layout, steps the oracle does not
+model); this module only says which weights are q, k, v and o.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+
+import torch
+from torch import nn
+
+from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.adapters.forward_source import forward_sources
+from mha_verify.properties.adapters.projections import _linear_like, output_layer, weight_bias
+from mha_verify.properties.adapters.structural import StructuralAdapter, n_head_of
+
+_SELF_ATTR = re.compile(r"\bself\.(\w+)\b")
+#: the role a projection's name states, by its tokens (``to_q``, ``query``, ``wq``, ``q_lin``)
+_ROLE_TOKENS = {"q": {"q", "query", "queries", "wq"}, "k": {"k", "key", "keys", "wk"},
+                "v": {"v", "value", "values", "wv"}}
+
+Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like layer)
+
+
+def called_projections(module: nn.Module) -> list[Layer]:
+    """The linear-like layers of ``module``'s children that its forward names, in the order of first
+    mention: a child, the linear of a [Linear, Dropout...] block, or each element of a ModuleList of
+    linears."""
+    children = dict(module.named_children())
+    order: list[str] = []
+    for _, source in forward_sources(module):
+        for name in _SELF_ATTR.findall(source):
+            if name in children and name not in order:
+                order.append(name)
+    out: list[Layer] = []
+    for name in order:
+        child = children[name]
+        if isinstance(child, nn.ModuleList) and len(child) >= 2 and all(_linear_like(m) for m in child):
+            out += [(f"{name}[{i}]", m) for i, m in enumerate(child)]
+            continue
+        layer = output_layer(child)
+        if layer is not None and not isinstance(layer, nn.Identity):
+            out.append((name, layer))
+    return out
+
+
+def _shape(layer: nn.Module) -> tuple[int, int]:
+    w, _ = weight_bias(layer)
+    return int(w.shape[0]), int(w.shape[1])
+
+
+def _role(where: str) -> str | None:
+    tokens = set(re.split(r"[_\W\d]+", where.lower())) - {""}
+    roles = [r for r, names in _ROLE_TOKENS.items() if tokens & names]
+    return roles[0] if len(roles) == 1 else None
+
+
+def _ordered_qkv(layers: list[Layer]) -> list[Layer]:
+    """q, k, v of three same-role-candidate layers: by their names where each names a distinct role,
+    else in the forward's order."""
+    roles = [_role(where) for where, _ in layers]
+    if sorted(r for r in roles if r) == ["k", "q", "v"]:
+        return [layers[roles.index(r)] for r in ("q", "k", "v")]
+    return layers
+
+
+class Reading:
+    """Which of a layer's projections are q, k, v (fused or not) and o: ``layout`` is "qkv" (one
+    fused), "q_kv" (keys and values fused) or "q_k_v"."""
+
+    def __init__(self, layout: str, layers: list[Layer]) -> None:
+        self.layout, self.layers = layout, layers
+
+    def describe(self) -> str:
+        names = ", ".join(where for where, _ in self.layers)
+        what = {"qkv": "one fused q, k, v projection and an output one",
+                "q_kv": "a query projection, one fused key-value projection and an output one",
+                "q_k_v": "query, key, value and output projections"}[self.layout]
+        return f"{what} ({names}), read from their shapes and the order its forward names them"
+
+
+def read_projections(module: nn.Module) -> Reading | None:
+    """The :class:`Reading` of ``module``'s projections, or None where its shapes fit none of the
+    layouts in the module docstring."""
+    try:
+        heads = n_head_of(module)
+    except Exception:
+        return None
+    layers = called_projections(module)
+    if not 2 <= len(layers) <= 4:
+        return None
+    shapes = [_shape(layer) for _, layer in layers]
+    d = shapes[0][1]
+    out_rows, out_cols = shapes[-1]
+    if out_rows != d:  # the output projection gives the input's width back
+        return None
+    inner = out_cols
+    if inner % heads:
+        return None
+    if len(layers) == 2 and shapes[0][0] == 3 * inner:
+        return Reading("qkv", layers)
+    if len(layers) == 3 and shapes[0][0] == inner and shapes[1][0] % 2 == 0 \
+            and inner % (shapes[1][0] // 2) == 0 and (shapes[1][0] // 2) % (inner // heads) == 0:
+        return Reading("q_kv", layers)
+    if len(layers) == 4:
+        q, k, v = _ordered_qkv(layers[:3])
+        rows = [_shape(q[1])[0], _shape(k[1])[0], _shape(v[1])[0]]
+        if rows[0] == inner and rows[1] == rows[2] and inner % rows[1] == 0 and rows[1] % (inner // heads) == 0:
+            return Reading("q_k_v", [q, k, v, layers[3]])
+    return None
+
+
+_READ: weakref.WeakKeyDictionary[nn.Module, Reading | None] = weakref.WeakKeyDictionary()
+
+
+def _reading(module: nn.Module) -> Reading | None:
+    if module not in _READ:
+        _READ[module] = read_projections(module)
+    return _READ[module]
+
+
+class ByShapeAdapter(StructuralAdapter):
+    """The last structural adapter: projections read by :func:`read_projections`."""
+
+    name = "by_shape"
+    description = ("projections read from their shapes and the order the forward names them (whisper's "
+                   "query/key/value/out, to_q/to_kv/to_out, to_qkv/to_out, a ModuleList of q, k, v)")
+
+    def matches(self, module: nn.Module) -> bool:
+        return _reading(module) is not None
+
+    def params(self, module: nn.Module) -> MHAParams:
+        reading = _reading(module)
+        assert reading is not None
+        parts = [weight_bias(layer) for _, layer in reading.layers]
+        w_o, b_o = parts[-1]
+        if reading.layout == "qkv":
+            w, b = parts[0]
+            w_q, w_k, w_v = w.chunk(3)
+            b_q, b_k, b_v = (None, None, None) if b is None else b.chunk(3)
+            return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
+        if reading.layout == "q_kv":
+            (w_q, b_q), (w, b) = parts[0], parts[1]
+            w_k, w_v = w.chunk(2)
+            b_k, b_v = (None, None) if b is None else b.chunk(2)
+            return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
+        (w_q, b_q), (w_k, b_k), (w_v, b_v) = parts[:3]
+        return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
+
+    def sources(self, module: nn.Module) -> list[torch.Tensor]:
+        reading = _reading(module)
+        assert reading is not None
+        return [p for _, layer in reading.layers for p in layer.parameters()]
+
+    def reading_note(self, module: nn.Module) -> str:
+        reading = _reading(module)
+        return "" if reading is None else reading.describe()

@@ -1,0 +1,105 @@
+"""What a layer of a library the harness does not know does with its mask, read from its source: the
+forward and the functions and methods it calls (:func:`forward_source.forward_sources`).
+
+Mask polarity is never read from outputs (a polarity bug would become a "convention"); the source says
+it: ``masked_fill(~mask, ...)`` or ``masked_fill(mask == 0, ...)`` keeps where True, ``masked_fill(mask,
+...)`` removes where True, ``scores + mask`` adds it. Its shape too: ``repeat(mask, 'b j -> ...')``,
+``rearrange(mask, 'b j -> b 1 1 j')`` or ``mask[:, None, None, :]`` take key padding (B, Lk). What a
+fully masked row gives follows from the fill: a finite one (``-torch.finfo(dtype).max``, ``-1e9``)
+gives uniform weights, ``-inf`` NaN. A forward that reads its mask only as a switch
+(``is_causal=mask is not None``, whisper's SDPA path) takes no mask the harness can draw.
+
+Where the source says none of this, SDPA's convention holds (bool True = keep, float additive, any
+shape broadcasting to (B, H, Lq, Lk)), as for any layer the harness does not know.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+
+from mha_verify.properties.adapters.signature import MaskFormat
+
+_NAME = r"(?:mask|attn_mask|attention_mask|{name})"
+
+
+@dataclass(frozen=True)
+class MaskReading:
+    """What the source says of the mask: kind ("keep", "drop", "additive") and layout (MaskFormat's),
+    the types it takes, the fully masked convention ("uniform", "nan"), each None where unsaid; a
+    switch: the line where the mask is read only as a flag."""
+
+    kind: str | None = None
+    layout: str | None = None
+    takes: frozenset[str] | None = None
+    fully_masked: str | None = None
+    switch: str | None = None
+    how: tuple[str, ...] = ()
+
+    def format(self, default: MaskFormat) -> MaskFormat:
+        return MaskFormat(kind=self.kind or default.kind, takes=self.takes or default.takes,
+                          layout=self.layout or default.layout)
+
+
+def _patterns(name: str) -> dict[str, re.Pattern[str]]:
+    m = _NAME.format(name=re.escape(name))
+    return {
+        "keep": re.compile(rf"masked_fill_?\(\s*(?:~\s*{m}\b|{m}\s*==\s*0\b|{m}\.logical_not\(\)|torch\.logical_not\("
+                           rf"\s*{m}\s*\)|{m}\s*==\s*False\b)|\.where\(\s*{m}\s*,|torch\.where\(\s*{m}\s*,\s*\w+\s*,"),
+        "drop": re.compile(rf"masked_fill_?\(\s*{m}(?:\.bool\(\))?\s*,"),
+        "additive": re.compile(rf"[+]\s*=?\s*{m}\b(?!\s*\.)|\b{m}\s*(?:\[[^\]]*\]\s*)?\+(?!\+)|[+]\s*{m}\s*\["),
+        "bool_only": re.compile(rf"~\s*{m}\b|{m}\.logical_not\(\)"),
+        "key_padding": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+(?:j|n|s|k)\s*->"
+                                  rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]"
+                                  rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*\]"),
+        "square": re.compile(rf"\b{m}\s*\[\s*:\s*\w+\s*,\s*:\s*\w+\s*\]"),
+        "causal_reuse": re.compile(rf"\b{m}\s*=\s*torch\.(?:ones|full|zeros|empty)\([^\n]*\.(?:triu|tril)_?\("),
+        "switch": re.compile(rf"is_causal\s*=\s*{m}\s+is\s+not\s+None[^\n,)]*"),
+    }
+
+
+_FINITE_FILL = re.compile(r"-\s*torch\.finfo\([^)]*\)\.max|torch\.finfo\([^)]*\)\.min|-\s*1e\+?\d+\b|-\s*10000\b")
+_INF_FILL = re.compile(r"float\(\s*['\"]-inf['\"]\s*\)|-\s*(?:np|numpy|math|torch)\.inf\b|-\s*float\(\s*['\"]inf")
+
+
+@functools.lru_cache(maxsize=256)
+def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
+    """The :class:`MaskReading` of the mask parameter ``name`` in ``sources`` ((where, text) pairs)."""
+    p = _patterns(name)
+    text = "\n".join(source for _, source in sources)
+    how: list[str] = []
+
+    def where(pattern: re.Pattern[str]) -> str:
+        for place, source in sources:
+            hit = pattern.search(source)
+            if hit:
+                return f"`{hit.group(0).strip()}` in {place}"
+        return ""
+
+    switch = p["switch"].search(text)
+    if switch and not (p["keep"].search(text) or p["drop"].search(text)):
+        # a mask turned into a flag and never applied (its other path may add it: not the path run)
+        return MaskReading(switch=where(p["switch"]))
+    kinds = [k for k in ("keep", "drop", "additive") if p[k].search(text)]
+    if "drop" in kinds and len(kinds) > 1 and p["causal_reuse"].search(text):
+        kinds.remove("drop")  # the name reused for a causal mask of its own (``mask = ones(i, j).triu(1)``)
+    kind = kinds[0] if len(kinds) == 1 else None
+    if kind:
+        said = {"keep": "kept where True", "drop": "removed where True", "additive": "added"}[kind]
+        how.append(f"mask {said} ({where(p[kind])})")
+    layout = "BL" if p["key_padding"].search(text) else None
+    if layout:
+        how.append(f"key padding (B, Lk) ({where(p['key_padding'])})")
+    elif kind == "additive" and p["square"].search(text):
+        layout = "LL"
+        how.append(f"one (L, L) mask for every item and head ({where(p['square'])})")
+    takes = frozenset({"bool"}) if kind in ("keep", "drop") and p["bool_only"].search(text) else None
+    fully = None
+    if kind in ("keep", "drop"):
+        fully = "uniform" if _FINITE_FILL.search(text) and not _INF_FILL.search(text) else \
+            "nan" if _INF_FILL.search(text) and not _FINITE_FILL.search(text) else None
+        if fully:
+            how.append("a fully masked row gets " + ("uniform weights (a finite fill)" if fully == "uniform"
+                                                      else "NaN (an -inf fill)"))
+    return MaskReading(kind=kind, layout=layout, takes=takes, fully_masked=fully, how=tuple(how))
