@@ -151,8 +151,9 @@ class Scoring:
     """Everything that forms a layer's scores besides the mask (see the module's docstring).
 
     scale: the factor on q k^T (None: 1 / sqrt(Hd)); rotary; q_norm, k_norm, v_norm; softcap (a cap > 0, or
-    None); bias; window (W >= 1 keys, or None); kv_map (:data:`KV_MAPS`). The default is the textbook's
-    attention."""
+    None); bias; window (W >= 1 keys, or None); kv_map (:data:`KV_MAPS`); input_norm: a norm of the inputs
+    over D before the projections (vit-pytorch's pre-norm inside a self-attention layer). The default is
+    the textbook's attention."""
 
     scale: float | None = None
     rotary: Rotary | None = None
@@ -163,6 +164,7 @@ class Scoring:
     bias: PositionBias | None = None
     window: int | None = None
     kv_map: str = "interleave"
+    input_norm: Norm | None = None
 
     def __post_init__(self) -> None:
         if self.kv_map not in KV_MAPS:
@@ -184,6 +186,9 @@ class Scoring:
 
     def describe(self) -> list[str]:
         out = []
+        if self.input_norm is not None:
+            norm = self.input_norm.describe().replace(" over all heads", " over D")
+            out.append(f"inputs {norm} before the projections")
         if self.q_norm is not None:
             out.append(f"q {self.q_norm.describe()}")
         if self.k_norm is not None:
@@ -226,6 +231,10 @@ class Scoring:
         g = n_head // n_kv
         shape = (*t.shape[:-3], n_kv, g) if self.kv_map == "interleave" else (*t.shape[:-3], g, n_kv)
         return t.reshape(*shape, *t.shape[-2:]).sum(-3 if self.kv_map == "interleave" else -4)
+
+    def pre(self, x: torch.Tensor) -> torch.Tensor:
+        """An input (..., L, D) as the projections see it: through the input norm, where the layer has one."""
+        return x if self.input_norm is None else self.input_norm.apply(x)
 
     def _norm(self, which: str) -> Norm | None:
         return {"q": self.q_norm, "k": self.k_norm, "v": self.v_norm}[which]

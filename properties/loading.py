@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -57,8 +58,8 @@ def load_attr(spec: str) -> object:
             if alone is None:
                 raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}{_hint(exc)}") from None
             module = alone
-            print(f"mha-verify: note: importing {where!r} failed ({type(exc).__name__}: {exc}); its file "
-                  f"{module.__file__} was loaded on its own, without its package's __init__", file=sys.stderr)
+            print(f"mha-verify: note: importing {where!r} failed ({type(exc).__name__}: {exc}); it was imported "
+                  f"with its packages' __init__ skipped ({module.__file__})", file=sys.stderr)
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -84,26 +85,37 @@ def _hint(exc: BaseException) -> str:
 
 
 def _module_alone(where: str) -> types.ModuleType | None:
-    """``where`` (a dotted module) loaded from its file without its package's ``__init__``, where the
-    package failed to import (vit-pytorch's imports torchvision; its layers' files import torch and
-    einops only); None where the file is not found or fails on its own too (a relative import, or it
-    imports what failed itself: the package's error is then the one to report)."""
+    """``where`` (a dotted module) imported with its parent packages' ``__init__`` skipped, where the
+    package failed to import (vit-pytorch's and segment-anything's import torchvision; their layers'
+    files import torch, einops and their siblings only): each parent is a bare package over its folder,
+    so the module's relative and absolute imports of siblings still resolve. None where the file is
+    not found or fails this way too (it imports what failed itself, or a name a parent's __init__
+    defines): the package's error is then the one to report."""
     parts = where.split(".")
-    if len(parts) < 2 or where in sys.modules:
+    if len(parts) < 2:
         return None
-    for folder in sys.path:
-        path = Path(folder or ".", *parts[:-1], parts[-1] + ".py")
-        if not path.is_file():
-            continue
-        module_spec = importlib.util.spec_from_file_location(where, path)
-        if module_spec is None or module_spec.loader is None:
-            return None
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[where] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except (Exception, SystemExit):
-            del sys.modules[where]
-            return None
-        return module
-    return None
+    top = parts[0]
+    folder = next((Path(f or ".") for f in sys.path
+                   if Path(f or ".", top, "__init__.py").is_file()
+                   and (Path(f or ".", *parts).with_suffix(".py").is_file()
+                        or Path(f or ".", *parts, "__init__.py").is_file())), None)
+    if folder is None:
+        return None
+    ours = [n for n in sys.modules if n == top or n.startswith(top + ".")]
+    saved = {n: sys.modules.pop(n) for n in ours}  # a half-imported package would shadow the bare ones
+    for i in range(1, len(parts)):
+        name, path = ".".join(parts[:i]), str(folder.joinpath(*parts[:i]))
+        bare = types.ModuleType(name)
+        bare.__path__ = [path]
+        bare.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        bare.__spec__.submodule_search_locations = [path]
+        sys.modules[name] = bare
+        if i > 1:
+            setattr(sys.modules[".".join(parts[:i - 1])], parts[i - 1], bare)
+    try:
+        return importlib.import_module(where)
+    except (Exception, SystemExit):
+        for n in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[n]
+        sys.modules.update(saved)
+        return None

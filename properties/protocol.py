@@ -103,6 +103,8 @@ class Conventions:
         only head widths they can rotate. None: no position information (the contract).
     q_norm, k_norm, v_norm: QK-norm (:class:`mha.scoring.Norm`), read from the layer's norm children
         (values normalized too in Gemma 4).
+    input_norm: a norm of the inputs over D inside the layer, before its projections (vit-pytorch's
+        ``x = self.norm(x)``), read for self-attention layers; the oracle applies it.
     softcap: logit soft-capping cap * tanh(s / cap), declared or read from a config.
     position_bias: an additive bias per head (:class:`mha.scoring.PositionBias`): ALiBi
         (declared ``alibi``) or a table the layer computes (T5's ``compute_bias``).
@@ -139,6 +141,7 @@ class Conventions:
     q_norm: Norm | None = None
     k_norm: Norm | None = None
     v_norm: Norm | None = None
+    input_norm: Norm | None = None
     softcap: float | None = None
     position_bias: PositionBias | None = None
     window: int | None = None
@@ -153,7 +156,8 @@ class Conventions:
     def scoring(self) -> Scoring:
         """How the target forms its scores, as the oracle applies it (:class:`mha.scoring.Scoring`)."""
         return Scoring(scale=self.scale, rotary=self.rotary, q_norm=self.q_norm, k_norm=self.k_norm, v_norm=self.v_norm,
-                       softcap=self.softcap, bias=self.position_bias, window=self.window, kv_map=self.kv_map)
+                       softcap=self.softcap, bias=self.position_bias, window=self.window, kv_map=self.kv_map,
+                       input_norm=self.input_norm)
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.

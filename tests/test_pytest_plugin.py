@@ -27,7 +27,7 @@ def test_plugin_runs_properties_against_a_user_module(tmp_path: Path) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out  # seed 000 gives NaN on fully masked rows
     assert "FAILED" in out and "test_mha_property[fully_masked_rows]" in out
-    assert "1 failed, 1 passed, 1 skipped" in out, out  # lk_equals_lv warns: a pass in pytest
+    assert "1 failed, 1 passed, 1 skipped" in out, out  # lk_equals_lv: matmul refuses Lk != Lv, as seed 000 documents
     assert "not applicable: the target does not return attention weights" in out
 
 

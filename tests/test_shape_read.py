@@ -57,8 +57,17 @@ def test_a_fused_projection_read_by_shape_is_verified_and_its_twin_fails() -> No
     assert _verdicts("VisionStyleHeadsMixed", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+def test_a_pre_norm_inside_a_self_attention_layer_is_applied_by_the_oracle_and_its_twin_fails() -> None:
+    conv = load_target(FIXTURE + "PreNormed").build(8, 2).conventions
+    assert conv.input_norm is not None and conv.input_norm.kind == "layer"
+    assert any("its input normalized first by norm" in n for n in conv.notes), conv.notes
+    checks = ("oracle_agreement", "head_split", "grad_agreement", "batch_independence")
+    assert set(_verdicts("PreNormed", checks).values()) == {"pass"}
+    assert _verdicts("PreNormedRawValues", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
 @pytest.mark.parametrize(("name", "step"), [
-    ("PreNormed", "a normalization the oracle does not apply (norm: LayerNorm)"),
+    ("CrossPreNormed", "a normalization the oracle does not apply (norm: LayerNorm)"),
     ("RelativeTable", "a relative-position table (rel_pos_emb.weight"),
     ("TalkingHeads", "mixing across heads (talking heads: mix_heads_pre_attn (2, 2))"),
     ("XLBiases", "Transformer-XL's per-head content/position biases (u (2, 4))"),

@@ -29,6 +29,7 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters.forward_source import forward_sources
 from mha_verify.properties.adapters.projections import _linear_like, output_layer, weight_bias
 from mha_verify.properties.adapters.structural import StructuralAdapter, n_head_of
+from mha_verify.properties.protocol import NotApplicable
 
 _SELF_ATTR = re.compile(r"\bself\.(\w+)\b")
 #: the role a projection's name states, by its tokens (``to_q``, ``query``, ``wq``, ``q_lin``)
@@ -41,7 +42,7 @@ Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like laye
 def called_projections(module: nn.Module) -> list[Layer]:
     """The linear-like layers of ``module``'s children that its forward names, in the order of first
     mention: a child, the linear of a [Linear, Dropout...] block, or each element of a ModuleList of
-    linears."""
+    linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself."""
     children = dict(module.named_children())
     order: list[str] = []
     for _, source in forward_sources(module):
@@ -55,7 +56,7 @@ def called_projections(module: nn.Module) -> list[Layer]:
             out += [(f"{name}[{i}]", m) for i, m in enumerate(child)]
             continue
         layer = output_layer(child)
-        if layer is not None and not isinstance(layer, nn.Identity):
+        if layer is not None:
             out.append((name, layer))
     return out
 
@@ -84,11 +85,16 @@ class Reading:
     """Which of a layer's projections are q, k, v (fused or not) and o: ``layout`` is "qkv" (one
     fused), "q_kv" (keys and values fused) or "q_k_v"."""
 
-    def __init__(self, layout: str, layers: list[Layer]) -> None:
-        self.layout, self.layers = layout, layers
+    def __init__(self, layout: str, layers: list[Layer], identity_out: bool = False) -> None:
+        self.layout, self.layers, self.identity_out = layout, layers, identity_out
+
+    @property
+    def projections(self) -> list[Layer]:
+        """The layers whose weights are read: the output one left out where it is an identity."""
+        return self.layers[:-1] if self.identity_out else self.layers
 
     def describe(self) -> str:
-        names = ", ".join(where for where, _ in self.layers)
+        names = ", ".join(where for where, _ in self.layers) + (" (an identity)" if self.identity_out else "")
         what = {"qkv": "one fused q, k, v projection and an output one",
                 "q_kv": "a query projection, one fused key-value projection and an output one",
                 "q_k_v": "query, key, value and output projections"}[self.layout]
@@ -103,26 +109,28 @@ def read_projections(module: nn.Module) -> Reading | None:
     except Exception:
         return None
     layers = called_projections(module)
-    if not 2 <= len(layers) <= 4:
+    # an identity last: no output projection, the heads concatenated are the output (of the input's width)
+    identity = bool(layers) and isinstance(layers[-1][1], nn.Identity)
+    if not 2 <= len(layers) <= 4 or any(isinstance(layer, nn.Identity) for _, layer in layers[:-1]):
         return None
-    shapes = [_shape(layer) for _, layer in layers]
+    shapes = [_shape(layer) for _, layer in (layers[:-1] if identity else layers)]
     d = shapes[0][1]
-    out_rows, out_cols = shapes[-1]
+    out_rows, out_cols = (d, d) if identity else shapes[-1]
     if out_rows != d:  # the output projection gives the input's width back
         return None
     inner = out_cols
     if inner % heads:
         return None
     if len(layers) == 2 and shapes[0][0] == 3 * inner:
-        return Reading("qkv", layers)
+        return Reading("qkv", layers, identity)
     if len(layers) == 3 and shapes[0][0] == inner and shapes[1][0] % 2 == 0 \
             and inner % (shapes[1][0] // 2) == 0 and (shapes[1][0] // 2) % (inner // heads) == 0:
-        return Reading("q_kv", layers)
+        return Reading("q_kv", layers, identity)
     if len(layers) == 4:
         q, k, v = _ordered_qkv(layers[:3])
         rows = [_shape(q[1])[0], _shape(k[1])[0], _shape(v[1])[0]]
         if rows[0] == inner and rows[1] == rows[2] and inner % rows[1] == 0 and rows[1] % (inner // heads) == 0:
-            return Reading("q_k_v", [q, k, v, layers[3]])
+            return Reading("q_k_v", [q, k, v, layers[3]], identity)
     return None
 
 
@@ -146,10 +154,9 @@ class ByShapeAdapter(StructuralAdapter):
         return _reading(module) is not None
 
     def params(self, module: nn.Module) -> MHAParams:
-        reading = _reading(module)
-        assert reading is not None
-        parts = [weight_bias(layer) for _, layer in reading.layers]
-        w_o, b_o = parts[-1]
+        reading = self._read(module)
+        parts = [weight_bias(layer) for _, layer in reading.projections]
+        w_o, b_o = (None, None) if reading.identity_out else parts[-1]
         if reading.layout == "qkv":
             w, b = parts[0]
             w_q, w_k, w_v = w.chunk(3)
@@ -164,9 +171,16 @@ class ByShapeAdapter(StructuralAdapter):
         return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
 
     def sources(self, module: nn.Module) -> list[torch.Tensor]:
+        return [p for _, layer in self._read(module).projections for p in layer.parameters()]
+
+    @staticmethod
+    def _read(module: nn.Module) -> Reading:
+        """The reading of this instance (its class matched at another size may not fit at this one)."""
         reading = _reading(module)
-        assert reading is not None
-        return [p for _, layer in reading.layers for p in layer.parameters()]
+        if reading is None:
+            raise NotApplicable(f"{type(module).__name__}'s projections at these sizes fit no layout the by_shape "
+                                "adapter reads (a fused (3I, D), q + fused kv, or q, k, v, o)")
+        return reading
 
     def reading_note(self, module: nn.Module) -> str:
         reading = _reading(module)

@@ -144,6 +144,10 @@ def _helpers(cls: type) -> tuple[tuple[str, Callable[..., Any]], ...]:
         fn = namespace.get(name)
         if inspect.isfunction(fn) and fn.__module__ == cls.__module__:
             found.setdefault(name, (f"{name} (its module's)", fn))
+        elif inspect.isclass(fn) and issubclass(fn, torch.autograd.Function) and fn.__module__ == cls.__module__ \
+                and callable(vars(fn).get("forward")):
+            # a custom autograd Function (FlashAttentionFunction.apply(q, k, v, mask, ...)): its forward
+            found.setdefault(name, (f"{name}.forward (its module's autograd Function)", vars(fn)["forward"]))
     return tuple(list(found.values())[:12])
 
 

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from mha_verify.properties.adapters.signature import MaskFormat
 
-_NAME = r"(?:mask|attn_mask|attention_mask|{name})"
+#: the mask and what it is renamed to on its way (``attn_mask``, a tile's ``col_mask``): any ``*mask`` but a
+#: causal one the layer builds itself
+_NAME = r"(?:(?!causal_)(?:\w+_)?mask|{name})"
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,16 @@ def _patterns(name: str) -> dict[str, re.Pattern[str]]:
                            rf"\s*{m}\s*\)|{m}\s*==\s*False\b)|\.where\(\s*{m}\s*,|torch\.where\(\s*{m}\s*,\s*\w+\s*,"),
         "drop": re.compile(rf"masked_fill_?\(\s*{m}(?:\.bool\(\))?\s*,"),
         "additive": re.compile(rf"[+]\s*=?\s*{m}\b(?!\s*\.)|\b{m}\s*(?:\[[^\]]*\]\s*)?\+(?!\+)|[+]\s*{m}\s*\["),
+        # masked weights zeroed after the exponential (a tiled softmax's ``exp.masked_fill_(~mask, 0.)``):
+        # a fully masked row sums to 0 and gives zeros, whatever the fill before
+        "zeroed": re.compile(rf"masked_fill_?\(\s*~\s*{m}\s*,\s*0(?:\.0*)?\s*\)"),
         "bool_only": re.compile(rf"~\s*{m}\b|{m}\.logical_not\(\)"),
         "key_padding": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+(?:j|n|s|k)\s*->"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*\]"),
-        "square": re.compile(rf"\b{m}\s*\[\s*:\s*\w+\s*,\s*:\s*\w+\s*\]"),
+        # fairseq's ``attn_mask = attn_mask.unsqueeze(0)``: one (Lq, Lk) mask for every item and head
+        "shared": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*0\s*\)"),
+        "square": re.compile(rf"\b{m}\s*\[\s*:[^,\]\[]*(?:\[[^\]]*\][^,\]\[]*)?,\s*:[^\]\[]*(?:\[[^\]]*\][^\]\[]*)?\]"),
         "causal_reuse": re.compile(rf"\b{m}\s*=\s*torch\.(?:ones|full|zeros|empty)\([^\n]*\.(?:triu|tril)_?\("),
         "switch": re.compile(rf"is_causal\s*=\s*{m}\s+is\s+not\s+None[^\n,)]*"),
     }
@@ -91,15 +98,22 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
     layout = "BL" if p["key_padding"].search(text) else None
     if layout:
         how.append(f"key padding (B, Lk) ({where(p['key_padding'])})")
-    elif kind == "additive" and p["square"].search(text):
+    elif kind == "additive" and (p["square"].search(text) or p["shared"].search(text)):
         layout = "LL"
-        how.append(f"one (L, L) mask for every item and head ({where(p['square'])})")
+        shared = p["square"] if p["square"].search(text) else p["shared"]
+        how.append(f"one (L, L) mask for every item and head ({where(shared)})")
     takes = frozenset({"bool"}) if kind in ("keep", "drop") and p["bool_only"].search(text) else None
     fully = None
-    if kind in ("keep", "drop"):
+    if kind == "keep" and p["zeroed"].search(text):
+        fully = "zeros"
+        how.append(f"a fully masked row gets zeros (its weights zeroed: {where(p['zeroed'])})")
+    elif kind in ("keep", "drop"):
         fully = "uniform" if _FINITE_FILL.search(text) and not _INF_FILL.search(text) else \
             "nan" if _INF_FILL.search(text) and not _FINITE_FILL.search(text) else None
         if fully:
             how.append("a fully masked row gets " + ("uniform weights (a finite fill)" if fully == "uniform"
                                                       else "NaN (an -inf fill)"))
+    if kind == "additive":  # added to the scores before a softmax: a row of -inf everywhere gives NaN
+        fully = "nan"
+        how.append("a fully masked row gets NaN (the mask added before a softmax)")
     return MaskReading(kind=kind, layout=layout, takes=takes, fully_masked=fully, how=tuple(how))

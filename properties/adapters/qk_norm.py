@@ -11,7 +11,9 @@ then verify (where the layer applies it, before the split or per head, and befor
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 import weakref
 
 import torch
@@ -118,3 +120,25 @@ def _computes(norm: nn.Module, formula: Norm, shape: tuple[int, ...]) -> bool:
     # probe asks which formula, not how precisely (gradcheck and oracle_agreement judge that)
     tol = 64 * max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps) * (1 + float(want.abs().max()))
     return bool((got.double() - want).abs().max() <= tol)
+
+
+_INPUT_READ: weakref.WeakKeyDictionary[nn.Module, tuple[Norm, str] | None] = weakref.WeakKeyDictionary()
+
+
+def input_norm(module: nn.Module, source: str, input_name: str) -> tuple[Norm, str] | None:
+    """(the norm, its child's name) where ``module``'s forward ``source`` normalizes its input first,
+    ``x = self.norm(x)`` (vit-pytorch's pre-norm inside the layer), with a LayerNorm or RMSNorm over D the
+    oracle can apply; None where it does not. Read once per module (a probe cannot run in a trace)."""
+    if module in _INPUT_READ:
+        return _INPUT_READ[module]
+    found = None
+    pattern = re.compile(rf"\b{re.escape(input_name)}\s*=\s*self\.(\w+)\(\s*{re.escape(input_name)}\s*\)")
+    for name in pattern.findall(source):
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module) and type(child).__name__.endswith("Norm") and _normalized_width(child) > 0:
+            width = _normalized_width(child)
+            norm = read_norm(child, f"{type(module).__name__}.{name}", 1, width)
+            found = (dataclasses.replace(norm, over="all"), name)
+            break
+    _INPUT_READ[module] = found
+    return found

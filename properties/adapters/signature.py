@@ -69,6 +69,8 @@ def read_signature(module: nn.Module) -> Signature:
 def _roles(forward: Callable[..., Any]) -> Signature:
     params = inspect.signature(forward).parameters
     names = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if names and names[0] in ("self", "cls"):  # the function, not the bound method: its first is the module
+        names = names[1:]
     first = next((n for n in INPUT_NAMES if n in names), names[0] if names else "x")
     key = value = context = None
     for k, v in KV_PAIRS:

@@ -74,7 +74,7 @@ from mha_verify.properties.adapters.library_facts import (
     rows_unspecified,
     takes_points,
 )
-from mha_verify.properties.adapters.qk_norm import qk_norms
+from mha_verify.properties.adapters.qk_norm import input_norm, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
 from mha_verify.properties.adapters.unmodelled import describe_steps
@@ -110,7 +110,11 @@ class StructuralAdapter(Adapter):
                              f"output projection takes {p.w_o.shape[1]}: queries and something more (an output "
                              "gate), a step the oracle does not model, so it cannot be verified yet")
         position_bias = layer_position_bias(module)
-        extra = self._unmodelled(module, (q_norm, k_norm, v_norm), position_bias)
+        sig = read_signature(module)
+        pre = input_norm(module, forward_sources(module)[0][1], sig.input) \
+            if sig.key is None and sig.context is None else None  # a self-attention layer's pre-norm
+        pre_norm = None if pre is None else pre[0]
+        extra = self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
             try:
                 heads: int | None = n_head_of(module)
@@ -119,7 +123,6 @@ class StructuralAdapter(Adapter):
             raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
                              f"{describe_steps(module, extra, heads)}, so it cannot be verified yet (a gate, a "
                              "learned scale, attention sinks, a convolution are refused the same way)")
-        sig = read_signature(module)
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
         if fully_masked == "uniform" and causal and own_causal_mask(module):
@@ -186,10 +189,13 @@ class StructuralAdapter(Adapter):
             q_norm=q_norm,
             k_norm=k_norm,
             v_norm=v_norm,
+            input_norm=pre_norm,
             softcap=softcap,
             position_bias=position_bias,
             notes=(f"adapter {self.name}", *(n for n in (self.reading_note(module),) if n), how,
-                   *(n for n in (scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
+                   *(n for n in ("" if pre is None else f"its input normalized first by {pre[1]} "
+                                 f"({pre[0].describe().replace(' over all heads', ' over D')}), applied by the oracle",
+                                 scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
                    + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),

@@ -21,7 +21,7 @@ import math
 import torch
 from hypothesis import strategies as st
 
-from mha_verify.mha.reference import value_heads
+from mha_verify.mha.reference import concat_heads, value_heads
 from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.binomial import binomial_tail, binomial_two_sided, hoeffding_radius
 from mha_verify.properties.engine.measure import Measure, Violation, worst
@@ -131,7 +131,12 @@ def _read_laws(bound: Instance, x: torch.Tensor, eval_out: torch.Tensor, trained
             f"the eval output is not weights @ values through the layer's own projections (relative residual "
             f"{float(res_eval.max()):.3g}): its attention weights cannot be read back to see a dropout mask")
     calls = torch.stack(trained)  # (calls, B, L, D), solved at once
-    read = (w_eval >= MIN_WEIGHT).expand(len(trained), *w_eval.shape)
+    # a weight is read where its multiplier is good to a quarter of the band: the eval solve against the float64
+    # oracle's weights says how far rounding the outputs moves it through the layer's w_o and values (an
+    # ill-conditioned w_o, drawn at random, moves a weight of 0.02 by 1e-3 of itself from float32 outputs)
+    _, w_true = concat_heads(x, x, x, bound.params(), bound.n_head, causal=conv.causal, scoring=conv.scoring)
+    precise = (w_eval - w_true).abs() * 8 <= band * w_eval.clamp_min(MIN_WEIGHT)  # 2 solves: band / 4
+    read = ((w_eval >= MIN_WEIGHT) & precise).expand(len(trained), *w_eval.shape)
     w, res = _row_weights(_heads_output(calls, bound).flatten(0, 1), vh.repeat(len(trained), 1, 1, 1))
     if float(res.max()) <= MAX_RESIDUAL:
         m = w.unflatten(0, (len(trained), -1)) / w_eval.clamp_min(MIN_WEIGHT)  # (calls, B, H, L, Lk)

@@ -145,7 +145,8 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     """
     conv = bound.conventions
     p = MHAParams._make(None if t is None else t.detach().double().abs() for t in bound.params())
-    q, k, v = (t.detach().double() for t in (ex.q, ex.k, ex.v))
+    raw = [t.detach().double() for t in (ex.q, ex.k, ex.v)]
+    q, k, v = (conv.scoring.pre(t) for t in raw)  # as the projections see them (an input norm applied)
     n_head, n_kv = bound.n_head, kv_heads(bound.params(), bound.n_head)
     d = q.shape[-1]
     hd = d // n_head
@@ -183,6 +184,11 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
         inputs = [d_inputs[0], d_inputs[1] + d_inputs[2]]
     else:
         inputs = d_inputs
+    if conv.input_norm is not None:  # back through the norm: |J| <= 3 |w| / sigma per position (LayerNorm's)
+        norm = conv.input_norm
+        w_max = 1.0 if norm.weight is None else float(norm.weight.detach().double().abs().max()) + norm.offset
+        sigma = [(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt() for x in raw]
+        inputs = [t * 3 * w_max / s for t, s in zip(inputs, sigma, strict=False)]
     concat = oh.transpose(1, 2).reshape(q.shape[0], q.shape[1], d)  # |Concat| bound (B, Lq, D)
     per_weight = {}
     for (x, _, _), dp, name in zip(sq, d_proj, ("q", "k", "v"), strict=True):

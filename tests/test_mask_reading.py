@@ -1,0 +1,58 @@
+"""What a layer of an unknown library does with its mask, read from its source text
+(``properties.adapters.mask_reading``): polarity, shape, what a fully masked row gives, a switch."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_verify.properties.adapters.mask_reading import MaskReading, read_mask
+
+
+def _read(source: str, name: str = "mask") -> MaskReading:
+    return read_mask((("its forward", source),), name)
+
+
+@pytest.mark.parametrize(("line", "kind"), [
+    ("sim = sim.masked_fill(~mask, -torch.finfo(sim.dtype).max)", "keep"),
+    ("scores = scores.masked_fill(mask == 0, -1e9)", "keep"),
+    ("attn = attn.masked_fill(attn_mask, float('-inf'))", "drop"),
+    ("qk = qk + mask[:n_ctx, :n_ctx]", "additive"),
+    ("scores += attention_mask", "additive"),
+])
+def test_the_polarity_is_read_from_the_line_that_applies_the_mask(line: str, kind: str) -> None:
+    assert _read(line).kind == kind
+
+
+def test_key_padding_and_its_fill_are_read() -> None:
+    reading = _read("mask = repeat(mask, 'b j -> (b h) () j', h=h)\n"
+                    "sim.masked_fill_(~mask, -torch.finfo(sim.dtype).max)")
+    assert (reading.kind, reading.layout, reading.takes, reading.fully_masked) == ("keep", "BL", frozenset({"bool"}),
+                                                                                     "uniform")
+    assert _read("sim = sim.masked_fill(~mask[:, None, None, :], float('-inf'))").fully_masked == "nan"
+
+
+def test_a_tiled_softmax_that_zeroes_masked_weights_gives_zeros_on_a_fully_masked_row() -> None:
+    source = ("mask = rearrange(mask, 'b n -> b 1 1 n')\nw.masked_fill_(~col_mask, max_neg_value)\n"
+              "e = torch.exp(w)\ne.masked_fill_(~col_mask, 0.)")
+    assert _read(source).fully_masked == "zeros"
+
+
+def test_a_causal_mask_built_under_the_same_name_is_not_the_polarity() -> None:
+    source = ("sim = sim.masked_fill(~mask, v)\nif causal:\n    mask = torch.ones(i, j, dtype=torch.bool).triu(1)\n"
+              "    sim = sim.masked_fill(mask, v)")
+    assert _read(source).kind == "keep"
+
+
+def test_a_mask_read_only_as_a_switch_is_a_switch() -> None:
+    reading = _read("a = scaled_dot_product_attention(q, k, v, is_causal=mask is not None and n_ctx > 1)")
+    assert reading.switch is not None and "is_causal=mask is not None" in reading.switch
+
+
+def test_fairseqs_shared_mask_is_one_mask_for_every_item() -> None:
+    reading = _read("attn_mask = attn_mask.unsqueeze(0)\nattn_weights += attn_mask", "attn_mask")
+    assert (reading.kind, reading.layout, reading.fully_masked) == ("additive", "LL", "nan")
+
+
+def test_a_source_that_says_nothing_leaves_sdpas_convention() -> None:
+    reading = _read("out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)", "attn_mask")
+    assert reading.kind is None and reading.layout is None and not reading.how
