@@ -137,10 +137,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if eager and args.isolate:  # its import runs isolated: a crash or exit there is a usage error
             probe("probe_eager", dict(model=args.model, target_spec=args.target, weights=args.weights,
                                       weight_seed=args.weight_seed, mapping=mapping, d_model=args.d_model,
-                                      n_head=args.n_head, declared=declared), what="the eager target",
+                                      n_head=args.n_head, declared=declared, adapter=args.adapter),
+                  what="the eager target",
                   timeout=args.timeout)
         elif eager:
-            load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
+            load_eager(info, target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed,
+                       adapter=args.adapter)
         else:
             params_from_graph(info, max_external_bytes=max_external)
         # the model asked its mask kind, the eager target its conventions
@@ -158,7 +160,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(printable(info.describe()))
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
-                             bundle_dir=args.bundle_dir, max_external_bytes=max_external, declared=declared)
+                             bundle_dir=args.bundle_dir, max_external_bytes=max_external, declared=declared,
+                             adapter=args.adapter)
     limits = Limits(timeout=args.timeout) if args.isolate else None
     if problem:  # each check would be judged under a mask kind the model contradicts, and fail for it (slowly)
         problem += "; no check was run under a reading the model contradicts"
@@ -199,7 +202,7 @@ def _mask_probe(args: argparse.Namespace, mapping: dict[str, str],
     from mha_verify.properties.protocol import TargetError
 
     kwargs = dict(model=args.model, mapping=mapping, d_model=args.d_model, n_head=args.n_head, declared=declared,
-                  target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed)
+                  target_spec=args.target, weights=args.weights, weight_seed=args.weight_seed, adapter=args.adapter)
     if args.isolate:
         try:
             text = probe("probe_mask_kind", kwargs, what="the mask probe", timeout=args.timeout)
@@ -271,6 +274,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                                description="Exit 0 pass, 1 a check failed, 2 usage error.")
     va.add_argument("model", metavar="model.onnx")
     _common(va)
+    va.add_argument("--adapter", default=None, help="the eager target's adapter, as for check and export: a "
+                    "registered name or pkg.mod:YourAdapter (default: found by structure)")
     va.add_argument("--providers", default="cpu", help="comma-separated: cpu, cuda, tensorrt (default cpu)")
     va.add_argument("--d-model", type=positive_int, default=None, help="override d_model (default: from the model)")
     va.add_argument("--n-head", type=positive_int, default=None,

@@ -117,7 +117,7 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
                database: str | None, seed: int | None, target_spec: str | None, weights: str | None,
                weight_seed: int, mapping: dict[str, str], d_model: int | None, n_head: int | None,
                bundle_dir: str | None, label: str, max_external_bytes: int | None = None,
-               declared: dict[str, str] | None = None) -> list[CheckResult]:
+               declared: dict[str, str] | None = None, adapter: str | None = None) -> list[CheckResult]:
     """One check (a property, or ort_vs_eager) of an ONNX model in one (provider, optimization level)."""
     from mha_verify.validation import run_onnx_check
 
@@ -126,12 +126,12 @@ def onnx_check(*, model: str, check: str, provider: str, opt: str, profile: str,
                            seed=seed_for(profile, seed, database), target_spec=target_spec, weights=weights,
                            weight_seed=weight_seed, mapping=mapping, d_model=d_model, n_head=n_head,
                            bundle_dir=bundle_dir, label=label, max_external_bytes=max_external_bytes,
-                           declared=declared)]
+                           declared=declared, adapter=adapter)]
 
 
 def probe_eager(*, model: str, target_spec: str | None, weights: str | None, weight_seed: int,
                 mapping: dict[str, str], d_model: int | None, n_head: int | None,
-                declared: dict[str, str] | None = None) -> list[CheckResult]:
+                declared: dict[str, str] | None = None, adapter: str | None = None) -> list[CheckResult]:
     """Load the eager target at an ONNX model's sizes, with its weights file (``validate``'s check
     before it starts): pass, or fail with the usage error's message."""
     from mha_verify.properties.onnx.interface import read_interface
@@ -141,7 +141,7 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
 
     try:
         info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
-        load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+        load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed, adapter=adapter)
     except (TargetError, ModelError, ValueError) as exc:
         return [CheckResult("eager", "load", "fail", reason=str(exc), details={"usage": True})]
     return [CheckResult("eager", "load", "pass", reason=target_spec or "mha_verify.mha:MultiHeadAttention")]
@@ -149,7 +149,7 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
 
 def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None, n_head: int | None,
                     declared: dict[str, str], target_spec: str | None, weights: str | None,
-                    weight_seed: int) -> list[CheckResult]:
+                    weight_seed: int, adapter: str | None = None) -> list[CheckResult]:
     """Ask the model which mask kind it computes (:func:`properties.onnx_probe.probe_mask`), and the
     eager target its conventions: pass, with ``{"probe": ..., "eager": {...}}`` as the reason, JSON
     (probe ``null`` without a mask input, eager ``{}`` without an eager target)."""
@@ -168,7 +168,7 @@ def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None,
         info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
         eager: dict[str, str] = {}
         if weights is not None or target_spec is not None:
-            bound = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+            bound = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed, adapter=adapter)
             info, params = with_eager(info, bound), bound.params()
             eager = eager_conventions(bound.conventions)
         else:

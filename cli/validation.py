@@ -41,13 +41,14 @@ DIFFERENTIAL = "ort_vs_eager"
 
 
 def load_eager(info: Interface, *, target_spec: str | None, weights: str | os.PathLike[str] | None,
-               weight_seed: int = 0) -> Bound:
+               weight_seed: int = 0, adapter: str | None = None) -> Bound:
     """The eager target at the model's sizes and dtype, with ``weights`` (a state_dict) if given.
 
     Raises TargetError (a usage error) when it cannot be built or the weights do not fit.
     """
     assert info.d_model is not None and info.n_head is not None
-    bound = load_target(target_spec).build(info.d_model, info.n_head, seed=weight_seed, dtype=info.dtype)
+    bound = load_target(target_spec, adapter=adapter).build(info.d_model, info.n_head, seed=weight_seed,
+                                                            dtype=info.dtype)
     if weights is not None:
         load_weights(bound, weights, info.dtype)
     return bound
@@ -166,7 +167,7 @@ def validation_tasks(
     opt_levels: Sequence[str] = tuple(OPT_LEVELS), max_examples: int | None = None, database: str | None = None,
     seed: int | None = None, target_spec: str | None = None, weights: str | None = None, weight_seed: int = 0,
     mapping: dict[str, str] | None = None, bundle_dir: str | None = None, name: str | None = None,
-    max_external_bytes: int | None = None, declared: dict[str, str] | None = None,
+    max_external_bytes: int | None = None, declared: dict[str, str] | None = None, adapter: str | None = None,
 ) -> list[Task]:
     """The checks of :func:`validate_model` as gate tasks for the isolation path.
 
@@ -178,7 +179,7 @@ def validation_tasks(
     common = dict(model=str(Path(path).resolve()), profile=profile, max_examples=max_examples, database=database,
                   seed=seed, target_spec=target_spec, weights=weights, weight_seed=weight_seed,
                   mapping=mapping or {}, d_model=info.d_model, n_head=info.n_head, bundle_dir=bundle_dir,
-                  max_external_bytes=max_external_bytes, declared=declared or {}, label=label)
+                  max_external_bytes=max_external_bytes, declared=declared or {}, label=label, adapter=adapter)
     examples = max_examples or profiles.PROFILES[profile].max_examples
     return [Task(f"{label}/{provider}/{opt}/{check}", STAGE, "onnx_check",
                  dict(common, provider=provider, opt=opt, check=check), examples=examples)
@@ -188,12 +189,13 @@ def validation_tasks(
 def run_onnx_check(*, model: str, check: str, provider: str, opt: str, settings: Settings, seed: int | None,
                    target_spec: str | None, weights: str | None, weight_seed: int, mapping: dict[str, str],
                    d_model: int | None, n_head: int | None, bundle_dir: str | None, label: str,
-                   max_external_bytes: int | None = None, declared: dict[str, str] | None = None) -> CheckResult:
+                   max_external_bytes: int | None = None, declared: dict[str, str] | None = None,
+                   adapter: str | None = None) -> CheckResult:
     """One validation task (what ``mha_verify.gate.onnx_check`` runs in the worker)."""
     info = read_interface(model, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
     eager = None
     if weights is not None or target_spec is not None:
-        eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed)
+        eager = load_eager(info, target_spec=target_spec, weights=weights, weight_seed=weight_seed, adapter=adapter)
         info = with_eager(info, eager)
     params = eager.params() if eager is not None else params_from_graph(info, max_external_bytes=max_external_bytes)
     params = params.to(params.w_q.dtype)  # detached

@@ -65,3 +65,17 @@ def test_no_adapter_recognizes_is_one_short_line_naming_the_way_on() -> None:
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "no adapter recognizes Unusual" in lines[0] and "mha-verify list" in lines[0]
     assert "--adapter pkg.mod:YourAdapter" in lines[0] and len(lines[0]) < 400, lines[0]
+
+
+@pytest.mark.slow
+def test_validate_takes_the_adapter_its_eager_target_needs(tmp_path: Path) -> None:
+    target, adapter = "tests/fixtures/odd_layers.py:Unusual", "tests/fixtures/user_adapter.py:UnusualAdapter"
+    out = tmp_path / "m.onnx"
+    done = _cli("export", "--target", target, "--adapter", adapter, "--exporter", "torchscript", "--d-model", "8",
+                "--n-head", "2", "-o", str(out))
+    assert done.returncode == 0 and out.exists(), done.stderr
+    without = _cli("validate", str(out), "--target", target, "--profile", "quick")
+    assert without.returncode == 2 and "no adapter recognizes Unusual" in without.stderr, without.stderr
+    done = _cli("validate", str(out), "--target", target, "--adapter", adapter, "--profile", "quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ort_vs_eager" in done.stdout, done.stdout
