@@ -33,8 +33,12 @@ def test_key_padding_and_its_fill_are_read() -> None:
 
 def test_a_tiled_softmax_that_zeroes_masked_weights_gives_zeros_on_a_fully_masked_row() -> None:
     source = ("mask = rearrange(mask, 'b n -> b 1 1 n')\nw.masked_fill_(~col_mask, max_neg_value)\n"
-              "e = torch.exp(w)\ne.masked_fill_(~col_mask, 0.)")
+              "exp_weights = torch.exp(w)\nexp_weights.masked_fill_(~col_mask, 0.)")
     assert _read(source).fully_masked == "zeros"
+    # weights zeroed after a softmax on another path (perceiver's inverted attention) say nothing of this one
+    other = ("sim.masked_fill_(~mask, -torch.finfo(sim.dtype).max)\nif inverted:\n"
+             "    attn = attn.masked_fill(~mask, 0.)\nelse:\n    attn = sim.softmax(dim=-1)")
+    assert _read(other).fully_masked == "uniform"
 
 
 def test_a_causal_mask_built_under_the_same_name_is_not_the_polarity() -> None:

@@ -53,7 +53,7 @@ def _patterns(name: str) -> dict[str, re.Pattern[str]]:
         "additive": re.compile(rf"[+]\s*=?\s*{m}\b(?!\s*\.)|\b{m}\s*(?:\[[^\]]*\]\s*)?\+(?!\+)|[+]\s*{m}\s*\["),
         # masked weights zeroed after the exponential (a tiled softmax's ``exp.masked_fill_(~mask, 0.)``):
         # a fully masked row sums to 0 and gives zeros, whatever the fill before
-        "zeroed": re.compile(rf"masked_fill_?\(\s*~\s*{m}\s*,\s*0(?:\.0*)?\s*\)"),
+        "zeroed": re.compile(rf"\bexp\w*\.masked_fill_?\(\s*~\s*{m}\s*,\s*0(?:\.0*)?\s*\)"),
         "bool_only": re.compile(rf"~\s*{m}\b|{m}\.logical_not\(\)"),
         "key_padding": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+(?:j|n|s|k)\s*->"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]"
