@@ -90,3 +90,10 @@ def test_a_zero_initialized_table_stays_zero_when_the_weights_are_redrawn() -> N
     randomize_parameters(layer, seed=0)
     assert bool(layer.proj.bias.ne(0).any()), "a zero bias is drawn: a bug that drops it must show"
     assert not bool(layer.u.ne(0).any()), "a zero table is a step the layer does not take at init"
+
+
+@pytest.mark.parametrize(("name", "what"), [("LinearKernel", "computes linear attention"),
+                                            ("CosineSim", "computes cosine-similarity attention")])
+def test_operators_other_than_softmax_attention_are_refused_by_name(name: str, what: str) -> None:
+    with pytest.raises(TargetError, match=what):
+        load_target(FIXTURE + name).build(8, 2).conventions  # noqa: B018 (the refusal is raised reading them)

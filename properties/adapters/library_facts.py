@@ -180,6 +180,29 @@ _OTHER_OPERATORS = (
 )
 
 
+#: the same for layers of libraries the harness has no facts about: operators their names announce
+#: (linear attention, cosine-similarity attention) that no layer of a known library reaches this way
+_OTHER_OPERATORS_UNKNOWN = (
+    (re.compile(r"\b(?:k|keys?)\w*\s*\.softmax\(\s*dim\s*=\s*-2\s*\)"
+                r"|einsum\(\s*['\"][^'\"]*\bn d\s*,\s*[^'\"]*\bn e\s*->\s*[^'\"]*\bd e\b"),
+     "computes linear attention (keys normalized over positions and contracted with the values before the "
+     "queries), not softmax attention over every key"),
+    (re.compile(r"\bmap\(\s*l2norm\s*,|\bl2norm\(\s*q\b|F\.normalize\(\s*q\w*\s*,"),
+     "computes cosine-similarity attention (q and k L2-normalized, scaled by a constant of its own), a scoring "
+     "the oracle does not model for it"),
+)
+
+
+def other_operator(module: nn.Module) -> str:
+    """What the layer's source shows it computes instead of softmax attention over every key, or ""."""
+    sources = forward_sources(module)
+    found = read_sources(sources).other_operator
+    if found or library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
+        return found
+    text = "\n".join(source for _, source in sources)
+    return next((what for pattern, what in _OTHER_OPERATORS_UNKNOWN if pattern.search(text)), "")
+
+
 class SourceFacts(NamedTuple):
     """What a layer's forward (and processor) source shows, read once per source."""
 

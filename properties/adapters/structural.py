@@ -70,7 +70,7 @@ from mha_verify.properties.adapters.library_facts import (
     library_format,
     library_of,
     mask_switch,
-    read_sources,
+    other_operator,
     rows_unspecified,
     takes_points,
 )
@@ -96,7 +96,7 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
-        other = read_sources(forward_sources(module)).other_operator
+        other = other_operator(module)
         if other:  # judged against softmax attention over every key it would fail every property
             raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         q_norm, k_norm, v_norm = self._norms(module)
