@@ -83,6 +83,13 @@ def mask_switch(module: nn.Module, name: str) -> str | None:
     return None if switch is None else f"its source reads it only as a switch: {switch}"
 
 
+def mask_unsupported(module: nn.Module, name: str) -> str | None:
+    """Where the layer takes a mask of a form the harness does not draw, in words; None otherwise."""
+    if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
+        return None
+    return read_mask(forward_sources(module), name).unsupported
+
+
 def argument_ignored(module: nn.Module, name: str) -> str | None:
     """The forward's own words where the line declaring parameter ``name`` says it is not used
     (PP-OCR recognizers' ``attention_mask: ... = None,  # Not used but kept for signature

@@ -38,6 +38,7 @@ class MaskReading:
     fully_masked: str | None = None
     switch: str | None = None
     how: tuple[str, ...] = ()
+    unsupported: str | None = None  # a mask of a form the harness does not draw, in words
 
     def format(self, default: MaskFormat) -> MaskFormat:
         return MaskFormat(kind=self.kind or default.kind, takes=self.takes or default.takes,
@@ -62,6 +63,9 @@ def _patterns(name: str) -> dict[str, re.Pattern[str]]:
         "shared": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*0\s*\)"),
         "square": re.compile(rf"\b{m}\s*\[\s*:[^,\]\[]*(?:\[[^\]]*\][^,\]\[]*)?,\s*:[^\]\[]*(?:\[[^\]]*\][^\]\[]*)?\]"),
         "causal_reuse": re.compile(rf"\b{m}\s*=\s*torch\.(?:ones|full|zeros|empty)\([^\n]*\.(?:triu|tril)_?\("),
+        # a token mask applied to the queries as well (ats-vit's ``rearrange(mask, 'b i -> b 1 i 1') * ...``)
+        "queries_too": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+i\s*->\s*b\s+1\s+i\s+1['\"]"),
+        "sdpa": re.compile(rf"scaled_dot_product_attention\([^)]*attn_mask\s*=\s*{m}\b"),
         "switch": re.compile(rf"is_causal\s*=\s*{m}\s+is\s+not\s+None[^\n,)]*"),
     }
 
@@ -84,6 +88,9 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
                 return f"`{hit.group(0).strip()}` in {place}"
         return ""
 
+    if p["queries_too"].search(text):
+        return MaskReading(unsupported=f"it masks the queries as well as the keys ({where(p['queries_too'])}), a "
+                                       "form of mask the harness does not draw")
     switch = p["switch"].search(text)
     if switch and not (p["keep"].search(text) or p["drop"].search(text)):
         # a mask turned into a flag and never applied (its other path may add it: not the path run)
@@ -104,7 +111,9 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
         how.append(f"one (L, L) mask for every item and head ({where(shared)})")
     takes = frozenset({"bool"}) if kind in ("keep", "drop") and p["bool_only"].search(text) else None
     fully = None
-    if kind == "keep" and p["zeroed"].search(text):
+    if p["sdpa"].search(text):
+        pass  # a path through SDPA gives what SDPA gives on a fully masked row, whatever another path's fill
+    elif kind == "keep" and p["zeroed"].search(text):
         fully = "zeros"
         how.append(f"a fully masked row gets zeros (its weights zeroed: {where(p['zeroed'])})")
     elif kind in ("keep", "drop"):

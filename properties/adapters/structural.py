@@ -70,6 +70,7 @@ from mha_verify.properties.adapters.library_facts import (
     library_format,
     library_of,
     mask_switch,
+    mask_unsupported,
     other_operator,
     rows_unspecified,
     takes_points,
@@ -132,7 +133,8 @@ class StructuralAdapter(Adapter):
             else None
         # a mask its own source says it does not use (PP-OCR's image recognizers): called without
         # one; the mask properties are n/a with that kind, quoting the line
-        has_mask = sig.mask is not None and ignored is None
+        unsupported = mask_unsupported(module, sig.mask) if sig.mask is not None and ignored is None else None
+        has_mask = sig.mask is not None and ignored is None and unsupported is None
         # keys = values through one argument (``key_value_states``, ``encoder_hidden_states``):
         # cross-attention drawn with k = v; torchtune's ``y`` is verified as self-attention
         shared = sig.context is not None and library_of(module) != "torchtune"
@@ -177,6 +179,7 @@ class StructuralAdapter(Adapter):
             fully_masked=fully_masked,
             rows_unspecified=rows_unspecified(module) if has_mask else None,
             mask_ignored=None if ignored is None else f"{sig.mask} is accepted and not used: {ignored}",
+            mask_unsupported=None if unsupported is None else f"{sig.mask}: {unsupported}",
             context_ignored=context_ignored,
             causal=causal,
             dropout=has_dropout(module),

@@ -290,6 +290,8 @@ def _search(
         said = conv.mask_ignored if strategy == NO_MASK else \
             conv.context_ignored if strategy.startswith(SELF_ONLY) else None
         why = f"{strategy}: {said}" if said is not None else strategy
+        if said is None and strategy == NO_MASK and conv.mask_unsupported:
+            why = f"{strategy} the harness draws: {conv.mask_unsupported}"
         return CheckResult(name, "properties", "n/a", reason=why, kind="ignored" if said is not None else None,
                            seconds=time.perf_counter() - start,
                            details={"conventions": conventions}), None
