@@ -71,10 +71,14 @@ class Options:
 
 
 def library_version(library: str) -> str:
-    try:
-        return metadata.version(library)
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    """The installed version of the package ``library`` imports as, through its distribution where the
+    two names differ (``whisper`` is openai-whisper's, ``esm`` fair-esm's)."""
+    for name in (library, *metadata.packages_distributions().get(library, ())):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
 
 CONTEXT_KEYS = ("library", "library_version", "mha_verify", "torch", "profile", "max_examples")
