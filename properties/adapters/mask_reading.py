@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 from mha_verify.properties.adapters.signature import MaskFormat
 
-#: the mask and what it is renamed to on its way (``attn_mask``, a tile's ``col_mask``): any ``*mask`` but a
-#: causal one the layer builds itself
-_NAME = r"(?:(?!causal_)(?:\w+_)?mask|{name})"
+#: the mask and what it is renamed to on its way (``attn_mask``, a tiled softmax's ``row_mask``/``col_mask``);
+#: never another mask of the layer (a causal one it builds, a ``key_padding_mask`` beside it)
+_NAME = r"(?:(?:row_|col_|block_|chunk_)?mask|attn_mask|attention_mask|{name})"
 
 
 @dataclass(frozen=True)
