@@ -16,7 +16,7 @@ from torch import nn
 
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.forward_source import forward_sources
-from mha_verify.properties.adapters.mask_reading import read_mask
+from mha_verify.properties.adapters.mask_reading import read_fill, read_mask
 from mha_verify.properties.adapters.signature import KEY_PADDING, PADDING_NAMES, MaskFormat, read_signature
 
 
@@ -53,6 +53,10 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     exact = read.exact_mask
     mask = read_signature(module).mask
     if mask in PADDING_NAMES:  # its only mask is key padding, whatever its library's
+        fill = read_fill(forward_sources(module)) if row is recognition.UNKNOWN_LIBRARY else None
+        if fill is not None:  # fairseq's masked_fill(key_padding_mask..., -inf): NaN on a fully padded item
+            said = "NaN (an -inf fill)" if fill == "nan" else "uniform weights (a finite fill)"
+            return KEY_PADDING, fill, f"a fully masked row gets {said}, read from its source"
         return KEY_PADDING, row.fully_masked, row.note
     if row is recognition.UNKNOWN_LIBRARY and mask is not None:  # no facts of its library: its source's
         reading = read_mask(forward_sources(module), mask)

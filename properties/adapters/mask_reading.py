@@ -45,12 +45,18 @@ class MaskReading:
                           layout=self.layout or default.layout)
 
 
+#: what may follow the mask's name before it is used: ``.unsqueeze(1)``, ``.bool()``, ``[:, None]``
+_CHAIN = r"(?:\.\w+\([^()]*\)|\[[^\]]*\])*"
+
+
 def _patterns(name: str) -> dict[str, re.Pattern[str]]:
     m = _NAME.format(name=re.escape(name))
+    c = _CHAIN
     return {
-        "keep": re.compile(rf"masked_fill_?\(\s*(?:~\s*{m}\b|{m}\s*==\s*0\b|{m}\.logical_not\(\)|torch\.logical_not\("
-                           rf"\s*{m}\s*\)|{m}\s*==\s*False\b)|\.where\(\s*{m}\s*,|torch\.where\(\s*{m}\s*,\s*\w+\s*,"),
-        "drop": re.compile(rf"masked_fill_?\(\s*{m}(?:\.bool\(\))?\s*,"),
+        "keep": re.compile(rf"masked_fill_?\(\s*(?:~\s*{m}\b|{m}{c}\s*==\s*0\b|{m}\.logical_not\(\)"
+                           rf"|torch\.logical_not\(\s*{m}\s*\)|{m}\s*==\s*False\b)|\.where\(\s*{m}\s*,"
+                           rf"|torch\.where\(\s*{m}\s*,\s*\w+\s*,"),
+        "drop": re.compile(rf"masked_fill_?\(\s*{m}{c}\s*,"),
         "additive": re.compile(rf"[+]\s*=?\s*{m}\b(?!\s*\.)|\b{m}\s*(?:\[[^\]]*\]\s*)?\+(?!\+)|[+]\s*{m}\s*\["),
         # masked weights zeroed after the exponential (a tiled softmax's ``exp.masked_fill_(~mask, 0.)``):
         # a fully masked row sums to 0 and gives zeros, whatever the fill before
@@ -126,3 +132,11 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
         fully = "nan"
         how.append("a fully masked row gets NaN (the mask added before a softmax)")
     return MaskReading(kind=kind, layout=layout, takes=takes, fully_masked=fully, how=tuple(how))
+
+
+def read_fill(sources: tuple[tuple[str, str], ...]) -> str | None:
+    """What a fully masked row gives where the source fills masked scores with one constant: "uniform"
+    (a finite fill), "nan" (-inf), None where it says neither or both."""
+    text = "\n".join(source for _, source in sources)
+    finite, inf = bool(_FINITE_FILL.search(text)), bool(_INF_FILL.search(text))
+    return "uniform" if finite and not inf else "nan" if inf and not finite else None
