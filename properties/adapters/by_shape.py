@@ -19,6 +19,7 @@ model); this module only says which weights are q, k, v and o.
 
 from __future__ import annotations
 
+import inspect
 import re
 import weakref
 
@@ -26,7 +27,6 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
-from mha_verify.properties.adapters.forward_source import forward_sources
 from mha_verify.properties.adapters.projections import _linear_like, output_layer, weight_bias
 from mha_verify.properties.adapters.structural import StructuralAdapter, n_head_of
 from mha_verify.properties.protocol import NotApplicable
@@ -45,10 +45,7 @@ def called_projections(module: nn.Module) -> list[Layer]:
     linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself."""
     children = dict(module.named_children())
     order: list[str] = []
-    for _, source in forward_sources(module):
-        for name in _SELF_ATTR.findall(source):
-            if name in children and name not in order:
-                order.append(name)
+    _mention_order(type(module), inspect.getattr_static(type(module), "forward", None), children, order, depth=0)
     out: list[Layer] = []
     for name in order:
         child = children[name]
@@ -59,6 +56,34 @@ def called_projections(module: nn.Module) -> list[Layer]:
         if layer is not None:
             out.append((name, layer))
     return out
+
+
+_SELF_OR_SUPER = re.compile(r"\bself\.(\w+)\b|\bsuper\(\s*(?:\w+\s*,\s*self\s*)?\)\.(\w+)\(")
+
+
+def _mention_order(cls: type, fn: object, children: dict[str, nn.Module], order: list[str], depth: int) -> None:
+    """The children ``fn``'s source names, in order, into ``order``: a method of the layer it calls
+    (``self.kv(context)``) or its parent's (``super().forward(...)``, ``super().kv(...)``) is read
+    where it is called, so the projections come in the order they run."""
+    if depth > 2 or not inspect.isfunction(fn):
+        return
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return
+    for hit in _SELF_OR_SUPER.finditer(source):
+        name = hit.group(1)
+        if name is None:  # super().method(...): the method of the next class up that defines it
+            method = hit.group(2)
+            owner = next((c for c in cls.__mro__ if any(v is fn for v in vars(c).values())), cls)
+            parent = next((c for c in owner.__mro__[1:] if method in vars(c)), None)
+            if parent is not None and parent.__module__.split(".")[0] != "torch":
+                _mention_order(cls, vars(parent)[method], children, order, depth + 1)
+        elif name in children:
+            if name not in order:
+                order.append(name)
+        elif name != "forward":
+            _mention_order(cls, inspect.getattr_static(cls, name, None), children, order, depth + 1)
 
 
 def _shape(layer: nn.Module) -> tuple[int, int]:
