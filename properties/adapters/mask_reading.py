@@ -77,6 +77,9 @@ def _patterns(name: str) -> dict[str, re.Pattern[str]]:
 
 
 _FINITE_FILL = re.compile(r"-\s*torch\.finfo\([^)]*\)\.max|torch\.finfo\([^)]*\)\.min|-\s*1e\+?\d+\b|-\s*10000\b")
+#: a source that deals with rows left without a key itself (``nan_to_num``, a ``has_key`` test on the row's
+#: maximum): what such a row gives is not the fill's to say
+_GUARDED = re.compile(r"nan_to_num|\.amax\(|isinf\(|isfinite\(|isnan\(|\.all\(\s*dim\s*=\s*-1")
 _INF_FILL = re.compile(r"float\(\s*['\"]-inf['\"]\s*\)|-\s*(?:np|numpy|math|torch)\.inf\b|-\s*float\(\s*['\"]inf")
 
 
@@ -122,13 +125,13 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
     elif kind == "keep" and p["zeroed"].search(text):
         fully = "zeros"
         how.append(f"a fully masked row gets zeros (its weights zeroed: {where(p['zeroed'])})")
-    elif kind in ("keep", "drop"):
+    elif kind in ("keep", "drop") and not _GUARDED.search(text):
         fully = "uniform" if _FINITE_FILL.search(text) and not _INF_FILL.search(text) else \
             "nan" if _INF_FILL.search(text) and not _FINITE_FILL.search(text) else None
         if fully:
             how.append("a fully masked row gets " + ("uniform weights (a finite fill)" if fully == "uniform"
                                                       else "NaN (an -inf fill)"))
-    if kind == "additive":  # added to the scores before a softmax: a row of -inf everywhere gives NaN
+    if kind == "additive" and not _GUARDED.search(text):  # added before a softmax: a row of -inf gives NaN
         fully = "nan"
         how.append("a fully masked row gets NaN (the mask added before a softmax)")
     return MaskReading(kind=kind, layout=layout, takes=takes, fully_masked=fully, how=tuple(how))
@@ -138,5 +141,7 @@ def read_fill(sources: tuple[tuple[str, str], ...]) -> str | None:
     """What a fully masked row gives where the source fills masked scores with one constant: "uniform"
     (a finite fill), "nan" (-inf), None where it says neither or both."""
     text = "\n".join(source for _, source in sources)
+    if _GUARDED.search(text):
+        return None
     finite, inf = bool(_FINITE_FILL.search(text)), bool(_INF_FILL.search(text))
     return "uniform" if finite and not inf else "nan" if inf and not finite else None
