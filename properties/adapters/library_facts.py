@@ -210,6 +210,12 @@ def other_operator(module: nn.Module) -> str:
     found = read_sources(sources).other_operator
     if found or library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
         return found
+    return _unknown_operator(sources)
+
+
+@functools.lru_cache(maxsize=256)
+def _unknown_operator(sources: tuple[tuple[str, str], ...]) -> str:
+    """Read once per source text: conventions are read at every call of a layer."""
     text = "\n".join(source for _, source in sources)
     return next((what for pattern, what in _OTHER_OPERATORS_UNKNOWN if pattern.search(text)), "")
 
