@@ -218,7 +218,7 @@ def _concat_heads(
     n_kv = kv_heads(p, n_head)
     # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd); keys and values: (B, Hkv, L, Hd) repeated to H.
     # QK-norm and rotary act on the heads before the repeat (a per-head norm of k has Hkv rows)
-    q, k, v = scoring.pre(q), scoring.pre(k), scoring.pre(v)
+    q, k, v = scoring.pre(q, kernel), scoring.pre(k, kernel), scoring.pre(v, kernel)
     qh = _split(scoring.projected(_linear(q, p.w_q, p.b_q), "q"), n_head, hd)
     kh = _split(scoring.projected(_linear(k, p.w_k, p.b_k), "k"), n_kv, hd)
     vh = _split(scoring.projected(_linear(v, p.w_v, p.b_v), "v"), n_kv, hd)

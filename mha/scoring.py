@@ -70,12 +70,21 @@ class Norm:
         where = "per head" if self.over == "head" else "over all heads"
         return f"{kind} {where}" + (", x (1 + w)" if self.offset == 1.0 else "") + f", eps {self.eps:g}"
 
-    def apply(self, y: torch.Tensor, head: int | None = None) -> torch.Tensor:
+    def apply(self, y: torch.Tensor, head: int | None = None, kernel: bool = False) -> torch.Tensor:
         """y normalized over its last axis, in y's dtype: (..., n, L, Hd) heads for "head" (or one head
         (..., L, Hd) with its index ``head``), (..., L, n * Hd) for "all".
 
         The statistics are computed in float32 at least, as layers compute them in half precision
-        (HF's RMSNorm upcasts), so the same-precision reference carries the layers' rounding."""
+        (HF's RMSNorm upcasts), so the same-precision reference carries the layers' rounding.
+        ``kernel``: a LayerNorm with one weight row through torch's fused ``layer_norm`` in y's dtype, as
+        ``nn.LayerNorm`` runs it: its backward rounds where the formula is exact (over one feature
+        the gradient is 0, and the float32 kernel's is ~6e-5 x 1/sqrt(eps)), a correct evaluation
+        the same-precision draws must include."""
+        if kernel and self.kind == "layer" and all(t is None or t.dim() == 1 for t in (self.weight, self.bias)):
+            w, b = (None if t is None else t.detach().to(y.dtype) for t in (self.weight, self.bias))
+            if w is not None and self.offset:
+                w = w + self.offset
+            return torch.nn.functional.layer_norm(y, y.shape[-1:], w, b, self.eps)
         exact = torch.float64 if y.dtype == torch.float64 else torch.float32
         x = y.to(exact)
         if self.kind == "layer":
@@ -232,9 +241,10 @@ class Scoring:
         shape = (*t.shape[:-3], n_kv, g) if self.kv_map == "interleave" else (*t.shape[:-3], g, n_kv)
         return t.reshape(*shape, *t.shape[-2:]).sum(-3 if self.kv_map == "interleave" else -4)
 
-    def pre(self, x: torch.Tensor) -> torch.Tensor:
-        """An input (..., L, D) as the projections see it: through the input norm, where the layer has one."""
-        return x if self.input_norm is None else self.input_norm.apply(x)
+    def pre(self, x: torch.Tensor, kernel: bool = False) -> torch.Tensor:
+        """An input (..., L, D) as the projections see it: through the input norm, where the layer has one
+        (``kernel``: as :meth:`Norm.apply`)."""
+        return x if self.input_norm is None else self.input_norm.apply(x, kernel=kernel)
 
     def _norm(self, which: str) -> Norm | None:
         return {"q": self.q_norm, "k": self.k_norm, "v": self.v_norm}[which]

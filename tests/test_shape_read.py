@@ -97,3 +97,26 @@ def test_a_zero_initialized_table_stays_zero_when_the_weights_are_redrawn() -> N
 def test_operators_other_than_softmax_attention_are_refused_by_name(name: str, what: str) -> None:
     with pytest.raises(TargetError, match=what):
         load_target(FIXTURE + name).build(8, 2).conventions  # noqa: B018 (the refusal is raised reading them)
+
+
+def test_a_layer_norm_over_one_feature_is_calibrated_by_torchs_own_layer_norm() -> None:
+    """At D = 1 a LayerNorm's output is its bias and d out / d x is exactly 0; torch's float32 kernel
+    gives a rounding of the order of eps / sqrt(eps_norm) instead (a false FAIL of grad_agreement on
+    vit-pytorch's simple_vit_with_register_tokens). The same-precision kernel draw runs the norm
+    through torch's layer_norm, so its error is the layer's; the plain formula's is 0."""
+    from mha_verify.properties.invariants import grad
+    from mha_verify.properties.strategies.examples import make_example
+    from mha_verify.properties.strategies.masks import MaskSpec
+    from mha_verify.properties.strategies.size_cases import Sizes
+
+    bound = load_target(FIXTURE + "PreNormed").build(1, 1)
+    ex = make_example(Sizes(2, 64, 64, 1, 1), MaskSpec("none", "BHLL", "bool", 0), (1e-3, 1.0), 3)
+    ex = ex._replace(k=ex.q, v=ex.q)
+    g = torch.randn(ex.q.shape, generator=torch.Generator().manual_seed(ex.seed), dtype=torch.float64)
+    oracle = grad._reference(ex, bound, torch.float64, g)[0]
+    x = ex.q.detach().clone().requires_grad_(True)
+    layer_error = (torch.autograd.grad(bound(x, x, x, None), x, g.float())[0].double() - oracle).abs().max()
+    plain = (grad._reference(ex, bound, torch.float32, g)[0].double() - oracle).abs().max()
+    kernel = (grad._reference(ex, bound, torch.float32, g, kernel=True)[0].double() - oracle).abs().max()
+    assert float(plain) == 0.0 and float(layer_error) > 0.0
+    assert float(kernel) >= float(layer_error)
