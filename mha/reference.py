@@ -218,7 +218,7 @@ def _concat_heads(
     n_kv = kv_heads(p, n_head)
     # (B, L, D) -> (B, L, H, Hd) -> (B, H, L, Hd); keys and values: (B, Hkv, L, Hd) repeated to H.
     # QK-norm and rotary act on the heads before the repeat (a per-head norm of k has Hkv rows)
-    q, k, v = scoring.pre(q, kernel), scoring.pre(k, kernel), scoring.pre(v, kernel)
+    q, k, v = scoring.pre(q, "q", kernel), scoring.pre(k, "k", kernel), scoring.pre(v, "v", kernel)
     qh = _split(scoring.projected(_linear(q, p.w_q, p.b_q), "q"), n_head, hd)
     kh = _split(scoring.projected(_linear(k, p.w_k, p.b_k), "k"), n_kv, hd)
     vh = _split(scoring.projected(_linear(v, p.w_v, p.b_v), "v"), n_kv, hd)
@@ -262,7 +262,7 @@ def value_heads(v: torch.Tensor, params: MHAParams, n_head: int, *, dtype: torch
     p = params.to(dtype)
     n_kv = kv_heads(params, n_head)
     hd = params.w_q.shape[0] // n_head
-    vh = _split(scoring.projected(_linear(scoring.pre(v.detach().to(dtype)), p.w_v, p.b_v), "v"), n_kv, hd)
+    vh = _split(scoring.projected(_linear(scoring.pre(v.detach().to(dtype), "v"), p.w_v, p.b_v), "v"), n_kv, hd)
     return scoring.repeat_kv(scoring.split(vh, "v"), n_head)
 
 
@@ -328,12 +328,9 @@ def rounding_bound(
     hd = d // n_head
     n_kv = kv_heads(params, n_head)
 
-    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, which: str = "") -> torch.Tensor:
-        y = _linear(scoring.pre(x.detach().to(torch.float64)), w, b)  # (B, L, n*Hd)
-        if which:  # as the scores and the sum see them: normalized (and q, k rotated)
-            y = scoring.split(_split(scoring.projected(y, which), n, hd), which)
-        else:
-            y = _split(y, n, hd)  # (B, n, L, Hd)
+    def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, which: str) -> torch.Tensor:
+        y = _linear(scoring.pre(x.detach().to(torch.float64), which), w, b)  # (B, L, n*Hd)
+        y = scoring.split(_split(scoring.projected(y, which), n, hd), which)  # (B, n, L, Hd), normed and rotated
         return scoring.repeat_kv(y.abs(), n_head)
 
     qh, kh = heads(q, p.w_q, p.b_q, n_head, "q"), heads(k, p.w_k, p.b_k, n_kv, "k")  # (B, H, L, Hd)
@@ -428,7 +425,7 @@ def one_head(
     if scoring.coupled_heads:
         raise ValueError("one_head: q or k is normalized over all heads (norm over='all'): no head is computed alone")
     p = head_slices(params.to(dtype), n_head, scoring)[i]
-    q, k, v = (scoring.pre(t.detach().to(dtype)) for t in (q, k, v))
+    q, k, v = (scoring.pre(t.detach().to(dtype), w) for t, w in zip((q, k, v), "qkv", strict=True))
     m = head_mask(mask, i)
     if m is not None and m.dtype != torch.bool:
         m = m.to(dtype)

@@ -90,7 +90,9 @@ class Norm:
         if self.kind == "layer":
             x = x - x.mean(dim=-1, keepdim=True)
         power = x.pow(2).sum(dim=-1, keepdim=True) if self.kind == "l2" else x.pow(2).mean(dim=-1, keepdim=True)
-        x = x * torch.rsqrt(power + self.eps)
+        # F.normalize's clamp of the norm at 1e-12 (vit-pytorch's RMSNorm, eps 0): a zero row stays zero
+        floor = 1e-24 if self.kind == "l2" else 1e-24 / x.shape[-1]
+        x = x * torch.rsqrt((power + self.eps).clamp_min(floor))
         out = x.to(y.dtype)
         if self.weight is not None:
             w = self.weight.detach().to(y.dtype)
@@ -160,9 +162,11 @@ class Scoring:
     """Everything that forms a layer's scores besides the mask (see the module's docstring).
 
     scale: the factor on q k^T (None: 1 / sqrt(Hd)); rotary; q_norm, k_norm, v_norm; softcap (a cap > 0, or
-    None); bias; window (W >= 1 keys, or None); kv_map (:data:`KV_MAPS`); input_norm: a norm of the inputs
-    over D before the projections (vit-pytorch's pre-norm inside a self-attention layer). The default is
-    the textbook's attention."""
+    None); bias; window (W >= 1 keys, or None); kv_map (:data:`KV_MAPS`); input_norm: a norm of the queries'
+    input over D before the projections (vit-pytorch's pre-norm ``x = self.norm(x)``); context_norm: that of
+    the keys' and values' input (the same norm in a self-attention layer; None where a cross-attention
+    layer projects its context raw, ``kv = default(context, self.norm(x))``). The default is the
+    textbook's attention."""
 
     scale: float | None = None
     rotary: Rotary | None = None
@@ -174,6 +178,7 @@ class Scoring:
     window: int | None = None
     kv_map: str = "interleave"
     input_norm: Norm | None = None
+    context_norm: Norm | None = None
 
     def __post_init__(self) -> None:
         if self.kv_map not in KV_MAPS:
@@ -195,9 +200,12 @@ class Scoring:
 
     def describe(self) -> list[str]:
         out = []
-        if self.input_norm is not None:
-            norm = self.input_norm.describe().replace(" over all heads", " over D")
-            out.append(f"inputs {norm} before the projections")
+        pre = {"queries": self.input_norm, "keys and values": self.context_norm}
+        if pre["queries"] is not None and pre["queries"] is pre["keys and values"]:
+            pre = {"inputs": self.input_norm}
+        for what, norm in pre.items():
+            if norm is not None:
+                out.append(f"{what} {norm.describe().replace(' over all heads', ' over D')} before the projections")
         if self.q_norm is not None:
             out.append(f"q {self.q_norm.describe()}")
         if self.k_norm is not None:
@@ -241,10 +249,13 @@ class Scoring:
         shape = (*t.shape[:-3], n_kv, g) if self.kv_map == "interleave" else (*t.shape[:-3], g, n_kv)
         return t.reshape(*shape, *t.shape[-2:]).sum(-3 if self.kv_map == "interleave" else -4)
 
-    def pre(self, x: torch.Tensor, kernel: bool = False) -> torch.Tensor:
-        """An input (..., L, D) as the projections see it: through the input norm, where the layer has one
-        (``kernel``: as :meth:`Norm.apply`)."""
-        return x if self.input_norm is None else self.input_norm.apply(x, kernel=kernel)
+    def pre(self, x: torch.Tensor, which: str, kernel: bool = False) -> torch.Tensor:
+        """An input (..., L, D) as the ``which`` ("q", "k" or "v") projection sees it: through the input
+        norm (q) or the context norm (k, v), where the layer has one (``kernel``: as :meth:`Norm.apply`)."""
+        if which not in ("q", "k", "v"):
+            raise ValueError(f"which must be 'q', 'k' or 'v', got which={which!r}")
+        norm = self.input_norm if which == "q" else self.context_norm
+        return x if norm is None else norm.apply(x, kernel=kernel)
 
     def _norm(self, which: str) -> Norm | None:
         return {"q": self.q_norm, "k": self.k_norm, "v": self.v_norm}[which]

@@ -105,8 +105,10 @@ class Conventions:
         only head widths they can rotate. None: no position information (the contract).
     q_norm, k_norm, v_norm: QK-norm (:class:`mha.scoring.Norm`), read from the layer's norm children
         (values normalized too in Gemma 4).
-    input_norm: a norm of the inputs over D inside the layer, before its projections (vit-pytorch's
-        ``x = self.norm(x)``), read for self-attention layers; the oracle applies it.
+    input_norm, context_norm: norms over D inside the layer before its projections, of the queries'
+        input and of the keys' and values' (vit-pytorch's ``x = self.norm(x)``: both, in a
+        self-attention layer; the queries' alone where the context is projected raw); the oracle
+        applies them.
     softcap: logit soft-capping cap * tanh(s / cap), declared or read from a config.
     position_bias: an additive bias per head (:class:`mha.scoring.PositionBias`): ALiBi
         (declared ``alibi``) or a table the layer computes (T5's ``compute_bias``).
@@ -145,6 +147,7 @@ class Conventions:
     k_norm: Norm | None = None
     v_norm: Norm | None = None
     input_norm: Norm | None = None
+    context_norm: Norm | None = None
     softcap: float | None = None
     position_bias: PositionBias | None = None
     window: int | None = None
@@ -160,7 +163,7 @@ class Conventions:
         """How the target forms its scores, as the oracle applies it (:class:`mha.scoring.Scoring`)."""
         return Scoring(scale=self.scale, rotary=self.rotary, q_norm=self.q_norm, k_norm=self.k_norm, v_norm=self.v_norm,
                        softcap=self.softcap, bias=self.position_bias, window=self.window, kv_map=self.kv_map,
-                       input_norm=self.input_norm)
+                       input_norm=self.input_norm, context_norm=self.context_norm)
 
     def declare(self, declaration: Mapping[str, object], *, source: str = "declaration") -> Conventions:
         """These conventions with ``declaration`` applied; ValueError naming an unknown key or a bad value.

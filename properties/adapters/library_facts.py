@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import inspect
 import re
 import textwrap
 from typing import NamedTuple
@@ -17,7 +18,7 @@ from torch import nn
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.forward_source import forward_sources
 from mha_verify.properties.adapters.mask_reading import read_fill, read_mask
-from mha_verify.properties.adapters.signature import KEY_PADDING, PADDING_NAMES, MaskFormat, read_signature
+from mha_verify.properties.adapters.signature import KEY_PADDING, MASK_NAMES, PADDING_NAMES, MaskFormat, read_signature
 
 
 def library_of(module: nn.Module) -> str:
@@ -59,12 +60,21 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
             return KEY_PADDING, fill, f"a fully masked row gets {said}, read from its source"
         return KEY_PADDING, row.fully_masked, row.note
     if row is recognition.UNKNOWN_LIBRARY and mask is not None:  # no facts of its library: its source's
-        reading = read_mask(forward_sources(module), mask)
+        reading = read_mask(forward_sources(module), mask, _other_masks(module, mask))
         if reading.how:
             fmt = reading.format(row.mask)
             return (fmt, reading.fully_masked or row.fully_masked,
                     f"mask convention read from its source: {'; '.join(reading.how)}")
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
+
+
+def _other_masks(module: nn.Module, name: str) -> tuple[str, ...]:
+    """The forward's parameters other than ``name`` with a mask's name (``mask`` beside ``attn_mask``)."""
+    try:
+        params = inspect.signature(type(module).forward).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(n for n in params if n != name and n in (*MASK_NAMES, *PADDING_NAMES))
 
 
 def rows_unspecified(module: nn.Module) -> str | None:
@@ -83,7 +93,7 @@ def mask_switch(module: nn.Module, name: str) -> str | None:
     None and n_ctx > 1``), quoted; None where it applies it."""
     if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
         return None
-    switch = read_mask(forward_sources(module), name).switch
+    switch = read_mask(forward_sources(module), name, _other_masks(module, name)).switch
     return None if switch is None else f"its source reads it only as a switch: {switch}"
 
 
@@ -91,7 +101,7 @@ def mask_unsupported(module: nn.Module, name: str) -> str | None:
     """Where the layer takes a mask of a form the harness does not draw, in words; None otherwise."""
     if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
         return None
-    return read_mask(forward_sources(module), name).unsupported
+    return read_mask(forward_sources(module), name, _other_masks(module, name)).unsupported
 
 
 def argument_ignored(module: nn.Module, name: str) -> str | None:

@@ -49,8 +49,16 @@ class MaskReading:
 _CHAIN = r"(?:\.\w+\([^()]*\)|\[[^\]]*\])*"
 
 
-def _patterns(name: str) -> dict[str, re.Pattern[str]]:
-    m = _NAME.format(name=re.escape(name))
+def _name(name: str, others: tuple[str, ...]) -> str:
+    """:data:`_NAME` for mask ``name``, less the spellings that are other mask arguments of the same
+    forward (vit-pytorch's ``forward(x, context, mask, attn_mask)``: each its own mask)."""
+    spellings = [r"(?:row_|col_|block_|chunk_)mask" if "mask" in others else r"(?:row_|col_|block_|chunk_)?mask",
+                 *(n for n in ("attn_mask", "attention_mask") if n not in others), re.escape(name)]
+    return "(?:" + "|".join(spellings) + ")"
+
+
+def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[str]]:
+    m = _name(name, others) if others else _NAME.format(name=re.escape(name))
     c = _CHAIN
     return {
         "keep": re.compile(rf"masked_fill_?\(\s*(?:~\s*{m}\b|{m}{c}\s*==\s*0\b|{m}\.logical_not\(\)"
@@ -84,9 +92,10 @@ _INF_FILL = re.compile(r"float\(\s*['\"]-inf['\"]\s*\)|-\s*(?:np|numpy|math|torc
 
 
 @functools.lru_cache(maxsize=256)
-def read_mask(sources: tuple[tuple[str, str], ...], name: str) -> MaskReading:
-    """The :class:`MaskReading` of the mask parameter ``name`` in ``sources`` ((where, text) pairs)."""
-    p = _patterns(name)
+def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str, ...] = ()) -> MaskReading:
+    """The :class:`MaskReading` of the mask parameter ``name`` in ``sources`` ((where, text) pairs);
+    ``others``: the forward's other mask arguments, whose uses say nothing of this one."""
+    p = _patterns(name, others)
     text = "\n".join(source for _, source in sources)
     how: list[str] = []
 

@@ -23,6 +23,8 @@ from mha_verify.mha.scoring import NORM_KINDS, Norm
 from mha_verify.properties.adapters import recognition
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
+#: the epsilons a norm that states none is tried with (0: F.normalize's clamp at 1e-12 on the norm)
+_UNSTATED_EPS = (0.0, 1e-5, 1e-6, 1e-8)
 
 
 #: a layer's norms, read once: its adapter asks on every call, an exporter's trace included, where
@@ -59,6 +61,11 @@ def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
     """The :class:`Norm` that ``norm`` computes on the projection of ``n_heads`` heads of ``head_dim``."""
     weight = _tensor(norm, "weight")
     bias = _tensor(norm, "bias")
+    if weight is None and bias is None:  # vit-pytorch's RMSNorm: its one parameter is the gain (gamma, g)
+        weight = _sole_parameter(norm)
+    heads_first = weight is not None and tuple(weight.shape) == (n_heads, 1, head_dim)
+    if heads_first:  # (H, 1, Hd): one row per head, broadcast over (B, H, L, Hd); a view stays live
+        weight = weight.view(n_heads, head_dim)  # type: ignore[union-attr]
     places: dict[str, tuple[int, ...]] = {"head": (head_dim,), "all": (n_heads * head_dim,)}
     if weight is None:  # where it normalizes: its normalized_shape, else whichever the probe confirms
         width = _normalized_width(norm)
@@ -74,12 +81,17 @@ def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
                          f"({n_heads * head_dim}), a QK-norm the oracle cannot place")
     eps = next((float(v) for a in _EPS_ATTRS if isinstance(v := getattr(norm, a, None), (int, float))
                 and not isinstance(v, bool)), None)
-    if eps is None or not math.isfinite(eps):
-        raise ValueError(f"{name} ({type(norm).__name__}) states its epsilon in no attribute we know "
-                         f"({', '.join(_EPS_ATTRS)})")
-    candidates = [(Norm(kind, over, eps, weight, bias, offset), places[over]) for over in wheres
-                  for kind in NORM_KINDS for offset in (0.0, 1.0) if not (offset and weight is None)]
-    matches = [c for c, shape in candidates if _computes(norm, c, shape)]
+    if eps is None and any(a in vars(norm) for a in _EPS_ATTRS):  # stated, but not as a number (None)
+        raise ValueError(f"{name} ({type(norm).__name__}) states its epsilon as "
+                         f"{next(getattr(norm, a) for a in _EPS_ATTRS if a in vars(norm))!r}, not a number")
+    if eps is not None and not math.isfinite(eps):
+        raise ValueError(f"{name} ({type(norm).__name__}) states a non-finite epsilon ({eps})")
+    # no epsilon attribute (F.normalize(x) * sqrt(d) * gamma; F.layer_norm's default): the first of the
+    # usual ones the probe confirms at inputs small enough that each differs from the next
+    epsilons = _UNSTATED_EPS if eps is None else (eps,)
+    candidates = [(Norm(kind, over, e, weight, bias, offset), places[over]) for e in epsilons
+                  for over in wheres for kind in NORM_KINDS for offset in (0.0, 1.0) if not (offset and weight is None)]
+    matches = [c for c, shape in candidates if _computes(norm, c, shape, heads_first)]
     if not matches:
         raise ValueError(f"{name} ({type(norm).__name__}) computes neither RMSNorm, LayerNorm nor an L2 norm "
                          "(weight w or 1 + w) on a probe: a QK-norm the oracle does not model")
@@ -91,6 +103,11 @@ def _tensor(norm: nn.Module, attr: str) -> torch.Tensor | None:
     return value if isinstance(value, torch.Tensor) else None
 
 
+def _sole_parameter(norm: nn.Module) -> torch.Tensor | None:
+    params = list(norm.parameters(recurse=False))
+    return params[0] if len(params) == 1 and not list(norm.children()) else None
+
+
 def _normalized_width(norm: nn.Module) -> int:
     shape = getattr(norm, "normalized_shape", None)
     if isinstance(shape, int):
@@ -100,45 +117,93 @@ def _normalized_width(norm: nn.Module) -> int:
     return -1
 
 
-def _computes(norm: nn.Module, formula: Norm, shape: tuple[int, ...]) -> bool:
+def _computes(norm: nn.Module, formula: Norm, shape: tuple[int, ...], heads_first: bool = False) -> bool:
     """Whether ``norm`` computes ``formula`` on a random input (2, 3, *shape) of its dtype, to within
-    a few roundings of that dtype; the norm's gradients and modes are left as they were."""
+    a few roundings of that dtype, at unit scale and at 1e-4 (where an epsilon shows); the norm's
+    gradients and modes are left as they were. One row per head: the input is (2, 3, H, Hd), or
+    (2, H, 3, Hd) where ``heads_first`` (a gain of shape (H, 1, Hd))."""
     param = next(iter(norm.parameters()), None)
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
-    x = torch.randn(2, 3, *shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3 + 0.5
-    with torch.no_grad():
-        try:
-            got = norm(x.to(dtype))
-        except Exception:  # a norm that refuses a plain tensor is of no form we know
+    rows_per_head = len(shape) == 2
+    draw = (2, shape[0], 3, shape[1]) if heads_first else (2, 3, *shape)
+    base = torch.randn(*draw, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 3 + 0.5
+    for x in (base, base * 1e-4):
+        with torch.no_grad():
+            try:
+                got = norm(x.to(dtype))
+            except Exception:  # a norm that refuses a plain tensor is of no form we know
+                return False
+            if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+                return False
+            flip = rows_per_head and not heads_first  # the formula takes (2, H, 3, Hd) for one row per head
+            want = formula.apply(x.transpose(-3, -2) if flip else x)
+            want = want.transpose(-3, -2) if flip else want
+        # layers compute norms in float32 at least (HF's RMSNorm upcasts, and downcasts float64): the
+        # probe asks which formula, not how precisely (gradcheck and oracle_agreement judge that)
+        tol = 64 * max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps) * (1 + float(want.abs().max()))
+        if not bool((got.double() - want).abs().max() <= tol):
             return False
-        if not isinstance(got, torch.Tensor) or got.shape != x.shape:
-            return False
-        heads = x.transpose(-3, -2) if len(shape) == 2 else x  # (2, H, 3, Hd) for one row per head
-        want = formula.apply(heads)
-        want = want.transpose(-3, -2) if len(shape) == 2 else want
-    # layers compute norms in float32 at least (HF's RMSNorm upcasts, and downcasts float64): the
-    # probe asks which formula, not how precisely (gradcheck and oracle_agreement judge that)
-    tol = 64 * max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps) * (1 + float(want.abs().max()))
-    return bool((got.double() - want).abs().max() <= tol)
+    return True
 
 
-_INPUT_READ: weakref.WeakKeyDictionary[nn.Module, tuple[Norm, str] | None] = weakref.WeakKeyDictionary()
+#: (queries' norm, keys' and values' norm, the children's names) of a layer, read once
+PreNorms = tuple[Norm, Norm | None, str]
+_INPUT_READ: weakref.WeakKeyDictionary[nn.Module, PreNorms | None] = weakref.WeakKeyDictionary()
 
 
-def input_norm(module: nn.Module, source: str, input_name: str) -> tuple[Norm, str] | None:
-    """(the norm, its child's name) where ``module``'s forward ``source`` normalizes its input first,
-    ``x = self.norm(x)`` (vit-pytorch's pre-norm inside the layer), with a LayerNorm or RMSNorm over D the
-    oracle can apply; None where it does not. Read once per module (a probe cannot run in a trace)."""
+def input_norms(module: nn.Module, source: str, input_name: str, context_name: str | None) -> PreNorms | None:
+    """The norms ``module``'s forward ``source`` applies to its inputs before the projections, or None
+    where it applies none the oracle can place. vit-pytorch's forms, read from the source:
+
+    * ``x = self.norm(x)`` (or ``normed = self.norm(x)``, x not used again) in a self-attention layer:
+      the same norm for queries, keys and values;
+    * then in a cross-attention layer, ``context = default(context, x)`` (``context if ... else x``):
+      the context projected raw (None for keys and values: the harness always passes it);
+      ``context = self.norm_context(context) if exists(context) else x``: the context's own norm;
+    * a context joined to the normalized input (``torch.cat((x, context))``): None, refused elsewhere.
+
+    Each norm is a LayerNorm or RMSNorm over D (:func:`read_norm`, its probe). Read once per module (a
+    probe cannot run in a trace)."""
     if module in _INPUT_READ:
         return _INPUT_READ[module]
-    found = None
-    pattern = re.compile(rf"\b{re.escape(input_name)}\s*=\s*self\.(\w+)\(\s*{re.escape(input_name)}\s*\)")
-    for name in pattern.findall(source):
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module) and type(child).__name__.endswith("Norm") and _normalized_width(child) > 0:
-            width = _normalized_width(child)
-            norm = read_norm(child, f"{type(module).__name__}.{name}", 1, width)
-            found = (dataclasses.replace(norm, over="all"), name)
-            break
+    found = _read_input_norms(module, source, input_name, context_name)
     _INPUT_READ[module] = found
     return found
+
+
+def _read_input_norms(module: nn.Module, source: str, input_name: str, context_name: str | None) -> PreNorms | None:
+    x = re.escape(input_name)
+    first = re.search(rf"\b(\w+)\s*=\s*self\.(\w+)\(\s*{x}\s*\)", source)
+    if first is None:
+        return None
+    var, name = first.groups()
+    norm = _pre_norm(module, name)
+    rest = source[first.end():]
+    if norm is None or (var != input_name and re.search(rf"\b{x}\b", rest)):
+        return None  # not a norm, or the raw input is used besides its normalized copy
+    if context_name is None:
+        return norm, norm, name
+    c, v = re.escape(context_name), re.escape(var)
+    if re.search(rf"cat\(\s*[\(\[]\s*{v}\s*,\s*{c}|cat\(\s*[\(\[]\s*{c}\s*,\s*{v}", rest):
+        return None  # the context joined to the input: keys of two kinds
+    own = re.search(rf"\b{c}\s*=\s*self\.(\w+)\(\s*{c}\s*\)", rest)
+    if own is not None:
+        context_norm = _pre_norm(module, own.group(1))
+        return None if context_norm is None else (norm, context_norm, f"{name}, {own.group(1)}")
+    if re.search(rf"default\(\s*{c}\s*,\s*{v}\s*\)|\b{c}\s+if\b[^\n]*\belse\s+{v}\b", rest):
+        return norm, None, name
+    return None
+
+
+def _pre_norm(module: nn.Module, name: str) -> Norm | None:
+    """Child ``name`` of ``module`` as a norm over all of D, or None where it is no norm child."""
+    child = getattr(module, name, None)
+    if not (isinstance(child, nn.Module) and type(child).__name__.endswith("Norm")):
+        return None
+    width = _normalized_width(child)
+    if width <= 0:  # a norm of its own (vit-pytorch's RMSNorm, gain g): the width of its one gain
+        gain = _sole_parameter(child)
+        width = int(gain.shape[-1]) if gain is not None and gain.dim() == 1 else -1
+    if width <= 0:
+        return None
+    return dataclasses.replace(read_norm(child, f"{type(module).__name__}.{name}", 1, width), over="all")

@@ -75,7 +75,7 @@ from mha_verify.properties.adapters.library_facts import (
     rows_unspecified,
     takes_points,
 )
-from mha_verify.properties.adapters.qk_norm import input_norm, qk_norms
+from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
 from mha_verify.properties.adapters.unmodelled import describe_steps
@@ -87,7 +87,25 @@ _JOINT = re.compile(r"cat\(\s*[\[(]\s*(hidden_states\s*,\s*encoder_hidden_states
 
 
 #: a forward that scales its queries by 1/sqrt(Hd) itself (ESM's ``query_layer * self.attention_head_size**-0.5``)
+#: a forward that scales its scores somehow (an attribute, a square root, a power, SDPA's own default)
+_SCALES = re.compile(r"scal|sqrt|\*\*\s*\(?\s*-|temperature|scaled_dot_product_attention|flex_attention|/\s*math")
+#: a number literal given to SDPA as its scale
+_SDPA_SCALE = re.compile(r"scaled_dot_product_attention\((?:[^()]|\([^()]*\))*?"
+                         r"\bscale\s*=\s*(\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)")
 _QUERY_PRESCALED = re.compile(r"query\w*\s*=\s*query\w*\s*\*\s*self\.\w+\s*\*\*\s*-0\.5")
+
+
+def _pre_norm_note(pre: PreNorms, context: str | None) -> str:
+    """The conventions line of a pre-norm read by :func:`qk_norm.input_norms`."""
+    norm, context_norm, names = pre
+    what = norm.describe().replace(" over all heads", " over D")
+    if context is None:
+        return f"its input normalized first by {names} ({what}), applied by the oracle"
+    if context_norm is None:
+        return (f"its queries' input normalized first by {names} ({what}), its {context} projected as given "
+                "(the normalized input only where it is absent), applied by the oracle")
+    return (f"its queries' input and its {context} normalized first by {names} ({what}; "
+            f"{context_norm.describe().replace(' over all heads', ' over D')}), applied by the oracle")
 
 
 class StructuralAdapter(Adapter):
@@ -112,10 +130,10 @@ class StructuralAdapter(Adapter):
                              "gate), a step the oracle does not model, so it cannot be verified yet")
         position_bias = layer_position_bias(module)
         sig = read_signature(module)
-        pre = input_norm(module, forward_sources(module)[0][1], sig.input) \
-            if sig.key is None and sig.context is None else None  # a self-attention layer's pre-norm
-        pre_norm = None if pre is None else pre[0]
-        extra = self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm), position_bias)
+        pre = input_norms(module, forward_sources(module)[0][1], sig.input, sig.context) \
+            if sig.key is None else None  # a pre-norm of the layer's input (and its context)
+        pre_norm, context_norm = (None, None) if pre is None else pre[:2]
+        extra = self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
             try:
                 heads: int | None = n_head_of(module)
@@ -147,6 +165,8 @@ class StructuralAdapter(Adapter):
             # joint attention (MotifVideo, SD3's kind): the context joins the sequence, it is not keys
             shared, joint_note = False, (f"joint attention: {sig.context} is concatenated to {sig.input} "
                                          "(one sequence), verified as self-attention")
+        if not shared and pre_norm is not None:  # verified as self-attention: keys and values are the normalized input
+            context_norm = pre_norm
         scale, scale_how = self._scale(module)
         rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
             if sig.rotary else (None, "")
@@ -193,11 +213,11 @@ class StructuralAdapter(Adapter):
             k_norm=k_norm,
             v_norm=v_norm,
             input_norm=pre_norm,
+            context_norm=context_norm,
             softcap=softcap,
             position_bias=position_bias,
             notes=(f"adapter {self.name}", *(n for n in (self.reading_note(module),) if n), how,
-                   *(n for n in ("" if pre is None else f"its input normalized first by {pre[1]} "
-                                 f"({pre[0].describe().replace(' over all heads', ' over D')}), applied by the oracle",
+                   *(n for n in ("" if pre is None else _pre_norm_note(pre, sig.context),
                                  scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
@@ -253,6 +273,16 @@ class StructuralAdapter(Adapter):
         if head_dim <= 0:
             return None, ""
         scale, how = layer_scale(module, head_dim)
+        if scale is None and library_of(module) not in {library for library, _ in recognition.LIBRARY_FORMATS}:
+            stated = next((hit for _, source in forward_sources(module) if (hit := _SDPA_SCALE.search(source))), None)
+            if stated is not None:  # na-vit's ``scaled_dot_product_attention(..., scale = 1.)``
+                value = float(stated.group(1))
+                if math.isclose(value, head_dim ** -0.5, rel_tol=1e-6):
+                    return None, ""
+                return value, f"softmax scale {value:g} from its source (`{stated.group(0)[-24:].strip()}`)"
+        if scale is None and self._gain_is_the_temperature(module):
+            return 1.0, ("no softmax scale: its forward multiplies q k^T by none, and its QK-norm's learned "
+                         "gain sets the temperature (read from its source)")
         if scale is not None and any(_QUERY_PRESCALED.search(source) for _, source in forward_sources(module)):
             # ESM's: scaling = 1.0 "for BC", the queries multiplied by head_size ** -0.5 in the forward
             scale = scale * head_dim ** -0.5
@@ -260,6 +290,20 @@ class StructuralAdapter(Adapter):
                 return None, ""
             how += ", times the head_size ** -0.5 its forward multiplies the queries by"
         return scale, how
+
+    @staticmethod
+    def _gain_is_the_temperature(module: nn.Module) -> bool:
+        """A layer of a library the harness has no facts about whose source scales the scores nowhere and
+        which normalizes q and k with a learned gain (vit-pytorch's qk-norm ViTs: ``dots = q @ k^T``,
+        the gain drawn as 1/sqrt(Hd)): its scale is 1, a choice. Without a QK-norm a missing scale stays
+        the textbook bug it is."""
+        if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
+            return False
+        gains = [getattr(module, n, None) for pair in recognition.QK_NORM_PAIRS for n in pair]
+        if sum(isinstance(g, nn.Module) and any(True for _ in g.parameters()) for g in gains) < 2:
+            return False
+        sources = [source for _, source in forward_sources(module) if source]
+        return bool(sources) and not any(_SCALES.search(source) for source in sources)
 
     def _layout(self, module: nn.Module) -> tuple[str, str]:
         """The layer's layout, probed where its library does not fix it (those the harness knows are

@@ -14,6 +14,7 @@ import math
 import torch
 
 from mha_verify.mha.reference import MHAParams, kv_heads, multi_head, multi_head_graph
+from mha_verify.mha.scoring import Norm
 from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, ensure, worst
 from mha_verify.properties.engine.registry import invariant
@@ -146,7 +147,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     conv = bound.conventions
     p = MHAParams._make(None if t is None else t.detach().double().abs() for t in bound.params())
     raw = [t.detach().double() for t in (ex.q, ex.k, ex.v)]
-    q, k, v = (conv.scoring.pre(t) for t in raw)  # as the projections see them (an input norm applied)
+    q, k, v = (conv.scoring.pre(t, w) for t, w in zip(raw, "qkv", strict=True))  # as the projections see them
     n_head, n_kv = bound.n_head, kv_heads(bound.params(), bound.n_head)
     d = q.shape[-1]
     hd = d // n_head
@@ -178,17 +179,15 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
 
     d_proj = [merge(d_qh, n_head), merge(d_kh, n_kv), merge(d_vh, n_kv)]  # (B, L, out) each
     d_inputs = [dp @ w for dp, (_, w, _) in zip(d_proj, sq, strict=True)]  # (B, L, D) each
+    # back through a norm before the projections: |J| <= 3 |w| / sigma per position (LayerNorm's)
+    norms = (conv.scoring.input_norm, conv.scoring.context_norm, conv.scoring.context_norm)
+    d_inputs = [d if norm is None else d * _norm_gain(norm, x) for d, norm, x in zip(d_inputs, norms, raw, strict=True)]
     if n_inputs == 1:  # x is q, k and v
         inputs = [d_inputs[0] + d_inputs[1] + d_inputs[2]]
     elif n_inputs == 2:  # q, and kv as keys and values
         inputs = [d_inputs[0], d_inputs[1] + d_inputs[2]]
     else:
         inputs = d_inputs
-    if conv.input_norm is not None:  # back through the norm: |J| <= 3 |w| / sigma per position (LayerNorm's)
-        norm = conv.input_norm
-        w_max = 1.0 if norm.weight is None else float(norm.weight.detach().double().abs().max()) + norm.offset
-        sigma = [(x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt() for x in raw]
-        inputs = [t * 3 * w_max / s for t, s in zip(inputs, sigma, strict=False)]
     concat = oh.transpose(1, 2).reshape(q.shape[0], q.shape[1], d)  # |Concat| bound (B, Lq, D)
     per_weight = {}
     for (x, _, _), dp, name in zip(sq, d_proj, ("q", "k", "v"), strict=True):
@@ -197,6 +196,12 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
     per_weight["w_o"] = torch.einsum("blo,bli->oi", g.abs(), concat)
     per_weight["b_o"] = g.abs().sum(dim=(0, 1))
     return inputs + [per_weight[n] for n in _WEIGHTS if getattr(p, n) is not None]
+
+
+def _norm_gain(norm: Norm, x: torch.Tensor) -> torch.Tensor:
+    """A bound on a norm's Jacobian at x (B, L, D), per position (B, L, 1): 3 max|w| / sigma."""
+    w_max = 1.0 if norm.weight is None else float(norm.weight.detach().double().abs().max()) + norm.offset
+    return 3 * w_max / (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
 
 
 def _error(t: torch.Tensor, oracle: torch.Tensor) -> float:

@@ -126,6 +126,7 @@ class OrtInstance:
             q_norm=None if layer is None else layer.q_norm, k_norm=None if layer is None else layer.k_norm,
             v_norm=None if layer is None else layer.v_norm,
             input_norm=None if layer is None else layer.input_norm,
+            context_norm=None if layer is None else layer.context_norm,
             grads=False, dropout=False, torch_modes=False,
             sizes=(self.d_model, self.n_head), dtype=info.dtype, axes=info.fixed_axes,
             notes=(f"onnxruntime session on {info.path.name}",),
