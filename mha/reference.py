@@ -109,18 +109,7 @@ def attention(
     """
     if fully_masked not in FULLY_MASKED:
         raise ValueError(f"fully_masked must be one of {FULLY_MASKED}, got fully_masked={fully_masked!r}")
-    score = scoring.scores(q, k, bias)  # (..., Lq, Lk)
-    hard: torch.Tensor | None = None  # (Lq, Lk): the keys causality and the window leave, None = all
-    if causal:
-        hard = causal_keep(score.shape[-2], score.shape[-1], score.device, align=causal)
-        mask = hard if mask is None else _and(mask, hard)
-    window = scoring.keep(score.shape[-2], score.shape[-1], causal, score.device)  # (Lq, Lk) or None
-    if window is not None:
-        mask = window if mask is None else _and(mask, window)
-        hard = window if hard is None else hard & window
-    masking = additive_mask(mask, score.dtype)
-    if masking is not None:
-        score = score + masking
+    score, mask, hard = masked_scores(q, k, mask, scoring=scoring, bias=bias, causal=causal)
     row_max = score.amax(dim=-1, keepdim=True)  # (..., Lq, 1)
     has_key = row_max > -math.inf
     # subtract the row maximum (a fully masked row subtracts 0) so exp never overflows
@@ -149,6 +138,29 @@ def attention(
         fused = F.scaled_dot_product_attention(q, k, v, attn_mask=additive, scale=scale)
         return torch.where(has_key, fused, weights @ v), weights
     return weights @ v, weights
+
+
+def masked_scores(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, *, scoring: Scoring = TEXTBOOK,
+    bias: torch.Tensor | None = None, causal: bool | str = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The scores :func:`attention` takes the softmax of, in q's dtype: (scores (..., Lq, Lk) with the
+    mask, causality and the window applied (-inf or the mask's finite bias where a key is removed),
+    the mask with causality and the window joined in, or None, and the hard (Lq, Lk) keep-mask of
+    causality and the window, or None). Arguments as in :func:`attention`."""
+    score = scoring.scores(q, k, bias)  # (..., Lq, Lk)
+    hard: torch.Tensor | None = None  # (Lq, Lk): the keys causality and the window leave, None = all
+    if causal:
+        hard = causal_keep(score.shape[-2], score.shape[-1], score.device, align=causal)
+        mask = hard if mask is None else _and(mask, hard)
+    window = scoring.keep(score.shape[-2], score.shape[-1], causal, score.device)  # (Lq, Lk) or None
+    if window is not None:
+        mask = window if mask is None else _and(mask, window)
+        hard = window if hard is None else hard & window
+    masking = additive_mask(mask, score.dtype)
+    if masking is not None:
+        score = score + masking
+    return score, mask, hard
 
 
 def _uniform(e: torch.Tensor, hard: torch.Tensor | None) -> torch.Tensor:
@@ -299,8 +311,8 @@ def same_precision(
 
 def rounding_bound(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, params: MHAParams, n_head: int,
-    mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool | str = False, fully_masked: str = "zeros",
-    weights: torch.Tensor | None = None, scoring: Scoring = TEXTBOOK,
+    mask: torch.Tensor | None = None, *, dtype: torch.dtype, causal: bool | str = False,
+    scoring: Scoring = TEXTBOOK,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bound, in float64, of how far rounding the scores in ``dtype`` moves the output
     (B, Lq, D) and the weights (B, H, Lq, Lk): (output bound, weights bound).
@@ -315,15 +327,14 @@ def rounding_bound(
     Where two scores of a row lie within delta of each other (a near tie; in bfloat16 the scores
     near 3e3 are 16 apart), every implementation in ``dtype`` may split the row's weight between
     them differently, and one evaluation of the plain formula is no measure of that: this bound is.
-    It is ~u |s| P, negligible wherever the scores are small. ``weights``: the float64 oracle's
-    weights (B, H, Lq, Lk) where the caller has them already.
+    It is ~u |s| P, negligible wherever the scores are small. The interval is computed from the
+    float64 scores in log space: at scores of 1e4 and more delta passes 700, where the weights'
+    exponentials overflow and a key 745 below its row's maximum has a weight of exactly 0 in
+    float64 that rounding in ``dtype`` can still lift. Rows without a key (every convention for
+    them is exact) do not move.
     """
     u = torch.finfo(dtype).eps / 2
     p = params.to(torch.float64)
-    if weights is None:
-        _, weights = concat_heads(q, k, v, params, n_head, mask, causal=causal, fully_masked=fully_masked,
-                                  scoring=scoring)
-    weights = weights.detach().to(torch.float64).nan_to_num(0.0)  # (B, H, Lq, Lk)
     d = q.shape[-1]
     hd = d // n_head
     n_kv = kv_heads(params, n_head)
@@ -331,31 +342,49 @@ def rounding_bound(
     def heads(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, which: str) -> torch.Tensor:
         y = _linear(scoring.pre(x.detach().to(torch.float64), which), w, b)  # (B, L, n*Hd)
         y = scoring.split(_split(scoring.projected(y, which), n, hd), which)  # (B, n, L, Hd), normed and rotated
-        return scoring.repeat_kv(y.abs(), n_head)
+        return scoring.repeat_kv(y, n_head)
 
     qh, kh = heads(q, p.w_q, p.b_q, n_head, "q"), heads(k, p.w_k, p.b_k, n_kv, "k")  # (B, H, L, Hd)
-    vh = heads(v, p.w_v, p.b_v, n_kv, "v")
+    vh = heads(v, p.w_v, p.b_v, n_kv, "v").abs()
+    bias = None if scoring.bias is None else scoring.bias.heads(n_head, q.shape[-2], k.shape[-2], torch.float64)
+    m = None if mask is None else (mask if mask.dtype == torch.bool else mask.to(torch.float64))
+    s, _, _ = masked_scores(qh, kh, m, scoring=scoring, bias=bias, causal=causal)  # (B, H, Lq, Lk)
     scale = 1 / math.sqrt(hd) if scoring.scale is None else abs(scoring.scale)
     # a QK-norm rounds q and k once more; the cap's division, tanh and product round the score
     # thrice (tanh shrinks the error it is given); a bias adds its own rounding
     roundings = 4 + (scoring.q_norm is not None) + (scoring.k_norm is not None)
-    delta = roundings * u * (qh @ kh.transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
+    delta = roundings * u * (qh.abs() @ kh.abs().transpose(-2, -1)) * scale  # (B, H, Lq, Lk)
     if scoring.softcap is not None:
         delta = delta + 3 * u * scoring.softcap
-    if scoring.bias is not None:
-        delta = delta + u * scoring.bias.heads(n_head, q.shape[-2], k.shape[-2], torch.float64).abs()
-    s = torch.log(weights)  # the scores up to a per-row shift; -inf where no weight (masked keys)
-    kept = weights > 0
+    if bias is not None:
+        delta = delta + u * bias.abs()
+    kept = torch.isfinite(s)  # a key no mask removes (a finite bias, finfo.min included, keeps it)
+    lse = torch.logsumexp(s, dim=-1, keepdim=True)
+    weights = torch.where(kept, torch.exp(s - torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))), 0.0)
     delta = torch.where(kept, delta, torch.zeros_like(delta))
-    above = torch.logsumexp(s + delta, dim=-1, keepdim=True)  # every score raised by its delta
-    below = torch.logsumexp(s - delta, dim=-1, keepdim=True)  # every score lowered by its delta
-    # weight j highest with s_j + delta_j and the others lowered; lowest the other way round
-    high = 1 / (1 + torch.exp(below - s - delta) - torch.exp(-2 * delta))
-    low = 1 / (1 + torch.exp(above - s + delta) - torch.exp(2 * delta))
+    raised = torch.where(kept, s + delta, -math.inf)
+    lowered = torch.where(kept, s - delta, -math.inf)
+    # weight j is lowest with s_j lowered and every other score raised: sigmoid(s_j - delta_j - log R_j),
+    # R_j the others' raised exponentials, log R_j = log(sum_i e^(s_i + delta_i)) + log(1 - e^(s_j + delta_j
+    # - that)); highest the other way round. Never exp(2 delta), which overflows at delta > 355
+    others_raised = _log_sum_without(raised)
+    others_lowered = _log_sum_without(lowered)
+    low = torch.sigmoid(lowered - others_raised)
+    high = torch.sigmoid(raised - others_lowered)
     moved = torch.where(kept, torch.maximum(high - weights, weights - low), torch.zeros_like(weights))
     moved = moved.nan_to_num(0.0).clamp(0.0, 1.0)
     out = (moved @ vh).transpose(-3, -2).reshape(*q.shape[:-1], d)  # (B, Lq, D)
     return (out if p.w_o is None else out @ p.w_o.abs().transpose(0, 1)), moved
+
+
+def _log_sum_without(x: torch.Tensor) -> torch.Tensor:
+    """log(sum_{i != j} e^(x_i)) for each j along the last axis, without forming the sums: the whole
+    row's logsumexp less element j, as log(1 - e^(x_j - lse)) (-inf where x_j is the row's only
+    mass; rows of -inf give -inf)."""
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    finite = torch.isfinite(lse)
+    gap = torch.where(finite, x - torch.where(finite, lse, torch.zeros_like(lse)), -math.inf).clamp(max=0.0)
+    return torch.where(finite, lse + torch.log(-torch.expm1(gap)), -math.inf)
 
 
 def kv_heads(params: MHAParams, n_head: int) -> int:

@@ -60,3 +60,34 @@ def test_the_rounding_bound_is_negligible_for_small_scores() -> None:
     q, k, v = (torch.randn(2, 5, 16, generator=gen) for _ in range(3))
     out, moved = rounding_bound(q, k, v, _params(16), 2, dtype=torch.float32)
     assert float(moved.max()) < 1e-6 and float(out.max()) < 1e-5
+
+
+def _identity(d: int) -> MHAParams:
+    eye = torch.eye(d, dtype=torch.float64)
+    return MHAParams(eye, None, eye, None, eye, None, eye, None)
+
+
+def test_a_near_tie_at_scores_of_1e5_may_swap_the_whole_row() -> None:
+    """Scores 1e5 and 1e5 - 7 in bfloat16 (delta ~ 1.6e3, past exp's range): either key may take
+    nearly all the weight. The bound once subtracted exp(2 delta) from exp(...) (inf - inf), and the
+    NaN, zeroed, allowed the leading key no move at all (a false FAIL of the reference at bfloat16,
+    weights 0.5 / 0.5 against 0.9991 / 0.0009)."""
+    q = torch.tensor([[[316.25, 0.0]]], dtype=torch.float64)  # (1, 1, 2); scores q.k / sqrt(2)
+    k = torch.tensor([[[447.25, 0.0], [447.25 - 7 * 2 ** 0.5 / 316.25, 0.0]]], dtype=torch.float64)
+    _, moved = rounding_bound(q, k, k, _identity(2), 1, dtype=torch.bfloat16)
+    assert bool(torch.isfinite(moved).all())
+    assert float(moved[0, 0, 0, 0]) > 0.99 and float(moved[0, 0, 0, 1]) > 0.99
+
+
+def test_a_key_whose_float64_weight_underflows_can_still_be_lifted_by_rounding() -> None:
+    """Scores 800 apart at 1e5: the second key's float64 weight is exactly 0 (e^-800), yet bfloat16
+    scores there are ~400 apart per rounding, so a correct layer may give it weight; only the masked
+    key may not move."""
+    q = torch.tensor([[[316.25, 0.0]]], dtype=torch.float64)
+    k = torch.tensor([[[447.25, 0.0], [447.25 - 800 * 2 ** 0.5 / 316.25, 0.0], [447.25, 0.0]]], dtype=torch.float64)
+    keep = torch.tensor([[[[True, True, False]]]])
+    _, moved = rounding_bound(q, k, k, _identity(2), 1, keep, dtype=torch.bfloat16)
+    assert float(moved[0, 0, 0, 1]) > 0.99
+    assert float(moved[0, 0, 0, 2]) == 0.0
+    _, in_float64 = rounding_bound(q, k, k, _identity(2), 1, keep, dtype=torch.float64)
+    assert float(in_float64.max()) < 1e-9

@@ -44,8 +44,7 @@ def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
         raise Violation(f"output shape {tuple(out.shape)}, but should be {tuple(ref.shape)}")
     conv = bound.conventions
     moved, moved_w = rounding_bound(ex.q, ex.k, ex.v, bound.params(), bound.n_head, ex.mask, dtype=ex.q.dtype,
-                                    causal=conv.causal, fully_masked=conv.fully_masked, scoring=conv.scoring,
-                                    weights=ref_w)
+                                    causal=conv.causal, scoring=conv.scoring)
     measure = ensure(compare(out, ref, same, ex.q.dtype, moved), "output vs float64 oracle")
     got = weights_if_any(bound, ex.q, ex.k, ex.v, ex.mask)
     if got is not None:
@@ -123,7 +122,7 @@ def head_split(bound: Instance, ex: AttnExample) -> Measure:
         # beyond each element's bound of rounding the scores, as oracle_agreement: through the
         # restricted W_o it is head i's (at scores of 1e4, near-ties move by ~1e-3 in float32)
         moved, _ = rounding_bound(ex.q, ex.k, ex.v, p, bound.n_head, ex.mask, dtype=ex.q.dtype, causal=conv.causal,
-                                  fully_masked=conv.fully_masked, scoring=conv.scoring)
+                                  scoring=conv.scoring)
         comparison = compare(out, expected, expected_same, ex.q.dtype, moved)
         # a head's output carries the rounding of the scores of the whole layer (the softmax
         # amplifies it with the magnitude of the scores): never allow less than the whole output's
