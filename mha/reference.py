@@ -378,13 +378,19 @@ def rounding_bound(
 
 
 def _log_sum_without(x: torch.Tensor) -> torch.Tensor:
-    """log(sum_{i != j} e^(x_i)) for each j along the last axis, without forming the sums: the whole
-    row's logsumexp less element j, as log(1 - e^(x_j - lse)) (-inf where x_j is the row's only
-    mass; rows of -inf give -inf)."""
+    """log(sum_{i != j} e^(x_i)) for each j along the last axis (-inf where x_j is the row's only
+    mass, and on rows of -inf), without forming Lk sums of Lk terms: for every j but the row's
+    largest, the row's logsumexp less e^(x_j), log(1 - e^(x_j - lse)) being well conditioned there
+    (x_j - lse <= log 1/2); for the largest, the logsumexp of the row without it (where the others are
+    700 below it, lse less e^(x_j) cancels to nothing in float64)."""
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     finite = torch.isfinite(lse)
     gap = torch.where(finite, x - torch.where(finite, lse, torch.zeros_like(lse)), -math.inf).clamp(max=0.0)
-    return torch.where(finite, lse + torch.log(-torch.expm1(gap)), -math.inf)
+    rest = torch.where(finite, lse + torch.log(-torch.expm1(gap)), -math.inf)
+    top = x.argmax(dim=-1, keepdim=True)
+    without_top = torch.logsumexp(x.scatter(-1, top, -math.inf), dim=-1, keepdim=True)
+    is_top = torch.arange(x.shape[-1], device=x.device) == top
+    return torch.where(is_top, without_top, rest)
 
 
 def kv_heads(params: MHAParams, n_head: int) -> int:

@@ -52,7 +52,7 @@ class Norm:
 
     kind: str
     over: str
-    eps: float
+    eps: float | None  # None: the epsilon of the input's dtype (torch's nn.RMSNorm(eps=None))
     weight: torch.Tensor | None = None
     bias: torch.Tensor | None = None
     offset: float = 0.0
@@ -62,13 +62,18 @@ class Norm:
             raise ValueError(f"norm kind must be one of {NORM_KINDS}, got kind={self.kind!r}")
         if self.over not in NORM_OVER:
             raise ValueError(f"norm over must be one of {NORM_OVER}, got over={self.over!r}")
-        if not (math.isfinite(self.eps) and self.eps >= 0):
+        if self.eps is not None and not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"norm eps must be a finite number >= 0, got eps={self.eps!r}")
 
     def describe(self) -> str:
         kind = {"rms": "RMSNorm", "layer": "LayerNorm", "l2": "L2 norm"}[self.kind]
         where = "per head" if self.over == "head" else "over all heads"
-        return f"{kind} {where}" + (", x (1 + w)" if self.offset == 1.0 else "") + f", eps {self.eps:g}"
+        eps = "the input dtype's epsilon" if self.eps is None else f"{self.eps:g}"
+        return f"{kind} {where}" + (", x (1 + w)" if self.offset == 1.0 else "") + f", eps {eps}"
+
+    def eps_for(self, dtype: torch.dtype) -> float:
+        """The epsilon added for inputs of ``dtype``: the stated one, else ``finfo(dtype).eps``."""
+        return torch.finfo(dtype).eps if self.eps is None else self.eps
 
     def apply(self, y: torch.Tensor, head: int | None = None, kernel: bool = False) -> torch.Tensor:
         """y normalized over its last axis, in y's dtype: (..., n, L, Hd) heads for "head" (or one head
@@ -84,7 +89,7 @@ class Norm:
             w, b = (None if t is None else t.detach().to(y.dtype) for t in (self.weight, self.bias))
             if w is not None and self.offset:
                 w = w + self.offset
-            return torch.nn.functional.layer_norm(y, y.shape[-1:], w, b, self.eps)
+            return torch.nn.functional.layer_norm(y, y.shape[-1:], w, b, self.eps_for(y.dtype))
         exact = torch.float64 if y.dtype == torch.float64 else torch.float32
         x = y.to(exact)
         if self.kind == "layer":
@@ -92,7 +97,7 @@ class Norm:
         power = x.pow(2).sum(dim=-1, keepdim=True) if self.kind == "l2" else x.pow(2).mean(dim=-1, keepdim=True)
         # F.normalize's clamp of the norm at 1e-12 (vit-pytorch's RMSNorm, eps 0): a zero row stays zero
         floor = 1e-24 if self.kind == "l2" else 1e-24 / x.shape[-1]
-        x = x * torch.rsqrt((power + self.eps).clamp_min(floor))
+        x = x * torch.rsqrt((power + self.eps_for(y.dtype)).clamp_min(floor))
         out = x.to(y.dtype)
         if self.weight is not None:
             w = self.weight.detach().to(y.dtype)

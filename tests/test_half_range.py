@@ -87,7 +87,7 @@ def test_a_key_whose_float64_weight_underflows_can_still_be_lifted_by_rounding()
     k = torch.tensor([[[447.25, 0.0], [447.25 - 800 * 2 ** 0.5 / 316.25, 0.0], [447.25, 0.0]]], dtype=torch.float64)
     keep = torch.tensor([[[[True, True, False]]]])
     _, moved = rounding_bound(q, k, k, _identity(2), 1, keep, dtype=torch.bfloat16)
-    assert float(moved[0, 0, 0, 1]) > 0.99
+    assert float(moved[0, 0, 0, 1]) > 0.99 and float(moved[0, 0, 0, 0]) > 0.99  # the leading key may lose it all
     assert float(moved[0, 0, 0, 2]) == 0.0
     _, in_float64 = rounding_bound(q, k, k, _identity(2), 1, keep, dtype=torch.float64)
     assert float(in_float64.max()) < 1e-9

@@ -62,3 +62,41 @@ def test_a_second_mask_argument_does_not_decide_the_first_ones_layout(check: str
     conv = load_target(FIXTURE + "TwoMasks").build(8, 2).conventions
     assert "BHLL" in conv.mask_forms, conv.mask_forms
     assert _verdicts("TwoMasks", (check,)) == {check: "pass"}
+
+
+def test_a_join_under_a_flag_off_by_default_is_not_taken() -> None:
+    """cross-vit: ``if kv_include_self: context = torch.cat((x, context))``, the flag False by default:
+    verified as the cross-attention the default call computes."""
+    conv = load_target(FIXTURE + "CrossSelfJoinFlagged").build(8, 2).conventions
+    assert conv.cross_attention and conv.context_norm is None
+    assert set(_verdicts("CrossSelfJoinFlagged").values()) == {"pass"}
+    assert _verdicts("CrossSelfJoinFlaggedScaledTwice", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+@pytest.mark.parametrize(("name", "twin", "said"), [
+    ("JoinedContext", "JoinedContextFirstKeyDropped", "context is concatenated to x as keys and values"),
+    ("ContextNormNotBuilt", "ContextNormNotBuiltNormedTwice", "its context norm (norm_context) is None as built"),
+])
+def test_a_context_the_layer_cannot_take_as_keys_is_verified_as_self_attention(name: str, twin: str, said: str) -> None:
+    conv = load_target(FIXTURE + name).build(8, 2).conventions
+    assert not conv.cross_attention and conv.input_norm is conv.context_norm is not None
+    assert any(said in n for n in conv.notes), conv.notes
+    assert set(_verdicts(name).values()) == {"pass"}
+    assert _verdicts(twin, ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+def test_torchs_rms_norm_without_an_epsilon_uses_the_input_dtypes() -> None:
+    """nn.RMSNorm(eps=None) adds finfo(dtype).eps: 1.2e-7 in float32, 2.2e-16 in float64, 7.8e-3 in
+    bfloat16; read as such (it once refused the layer), and told from a stated 1e-6 by the probe."""
+    import torch
+
+    from mha_verify.properties.adapters.qk_norm import read_norm
+
+    unstated = read_norm(torch.nn.RMSNorm(8), "norm", 1, 8)
+    assert unstated.eps is None and unstated.eps_for(torch.bfloat16) == torch.finfo(torch.bfloat16).eps
+    assert "the input dtype's epsilon" in unstated.describe()
+    assert read_norm(torch.nn.RMSNorm(8, eps=1e-6), "norm", 1, 8).eps == 1e-6
+    x = torch.randn(2, 3, 8, dtype=torch.float64) * 1e-4
+    for dtype in (torch.float32, torch.float64):
+        want = torch.nn.RMSNorm(8, dtype=dtype)(x.to(dtype))
+        assert torch.allclose(unstated.apply(x.to(dtype)), want, rtol=1e-5 if dtype == torch.float32 else 1e-12)

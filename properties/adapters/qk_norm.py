@@ -12,9 +12,11 @@ then verify (where the layer applies it, before the split or per head, and befor
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import re
 import weakref
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -81,14 +83,16 @@ def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
                          f"({n_heads * head_dim}), a QK-norm the oracle cannot place")
     eps = next((float(v) for a in _EPS_ATTRS if isinstance(v := getattr(norm, a, None), (int, float))
                 and not isinstance(v, bool)), None)
-    if eps is None and any(a in vars(norm) for a in _EPS_ATTRS):  # stated, but not as a number (None)
-        raise ValueError(f"{name} ({type(norm).__name__}) states its epsilon as "
-                         f"{next(getattr(norm, a) for a in _EPS_ATTRS if a in vars(norm))!r}, not a number")
+    said = [getattr(norm, a) for a in _EPS_ATTRS if a in vars(norm)]  # an epsilon attribute, if any
+    if eps is None and said and said[0] is not None:  # stated, but neither a number nor None
+        raise ValueError(f"{name} ({type(norm).__name__}) states its epsilon as {said[0]!r}, not a number")
     if eps is not None and not math.isfinite(eps):
         raise ValueError(f"{name} ({type(norm).__name__}) states a non-finite epsilon ({eps})")
-    # no epsilon attribute (F.normalize(x) * sqrt(d) * gamma; F.layer_norm's default): the first of the
-    # usual ones the probe confirms at inputs small enough that each differs from the next
-    epsilons = _UNSTATED_EPS if eps is None else (eps,)
+    # no epsilon attribute (F.normalize(x) * sqrt(d) * gamma; F.layer_norm's default), or None (torch's
+    # nn.RMSNorm: the input dtype's epsilon): the first of the usual ones the probe confirms at inputs
+    # small enough that each differs from the next
+    epsilons: tuple[float | None, ...] = (eps,) if eps is not None else \
+        (None, *_UNSTATED_EPS) if said else (*_UNSTATED_EPS, None)
     candidates = [(Norm(kind, over, e, weight, bias, offset), places[over]) for e in epsilons
                   for over in wheres for kind in NORM_KINDS for offset in (0.0, 1.0) if not (offset and weight is None)]
     matches = [c for c, shape in candidates if _computes(norm, c, shape, heads_first)]
@@ -136,7 +140,9 @@ def _computes(norm: nn.Module, formula: Norm, shape: tuple[int, ...], heads_firs
             if not isinstance(got, torch.Tensor) or got.shape != x.shape:
                 return False
             flip = rows_per_head and not heads_first  # the formula takes (2, H, 3, Hd) for one row per head
-            want = formula.apply(x.transpose(-3, -2) if flip else x)
+            # an epsilon of the input's dtype is the probe dtype's here, not float64's
+            exact = dataclasses.replace(formula, eps=formula.eps_for(dtype))
+            want = exact.apply(x.transpose(-3, -2) if flip else x)
             want = want.transpose(-3, -2) if flip else want
         # layers compute norms in float32 at least (HF's RMSNorm upcasts, and downcasts float64): the
         # probe asks which formula, not how precisely (gradcheck and oracle_agreement judge that)
@@ -146,8 +152,15 @@ def _computes(norm: nn.Module, formula: Norm, shape: tuple[int, ...], heads_firs
     return True
 
 
-#: (queries' norm, keys' and values' norm, the children's names) of a layer, read once
-PreNorms = tuple[Norm, Norm | None, str]
+class PreNorms(NamedTuple):
+    """The norms a layer applies to its inputs before the projections (:func:`input_norms`)."""
+
+    norm: Norm  # the queries' input's
+    context_norm: Norm | None  # the keys' and values' input's; None: the context is projected raw
+    names: str  # the norm children, as the conventions quote them
+    self_only: str = ""  # why the layer is verified as self-attention only, at this construction
+
+
 _INPUT_READ: weakref.WeakKeyDictionary[nn.Module, PreNorms | None] = weakref.WeakKeyDictionary()
 
 
@@ -160,7 +173,11 @@ def input_norms(module: nn.Module, source: str, input_name: str, context_name: s
     * then in a cross-attention layer, ``context = default(context, x)`` (``context if ... else x``):
       the context projected raw (None for keys and values: the harness always passes it);
       ``context = self.norm_context(context) if exists(context) else x``: the context's own norm;
-    * a context joined to the normalized input (``torch.cat((x, context))``): None, refused elsewhere.
+    * the context's own norm None at this construction (``nn.LayerNorm(dim) if cross_attend else
+      None``): the layer takes no context as built, and is verified as self-attention;
+    * the context joined to the normalized input as keys (``torch.cat((x, context))``, XCiT): keys of
+      two kinds, verified as the self-attention it computes without a context; under a flag of the
+      forward that is off by default (``if kv_include_self:``) the join is not taken at all.
 
     Each norm is a LayerNorm or RMSNorm over D (:func:`read_norm`, its probe). Read once per module (a
     probe cannot run in a trace)."""
@@ -182,17 +199,45 @@ def _read_input_norms(module: nn.Module, source: str, input_name: str, context_n
     if norm is None or (var != input_name and re.search(rf"\b{x}\b", rest)):
         return None  # not a norm, or the raw input is used besides its normalized copy
     if context_name is None:
-        return norm, norm, name
+        return PreNorms(norm, norm, name)
     c, v = re.escape(context_name), re.escape(var)
-    if re.search(rf"cat\(\s*[\(\[]\s*{v}\s*,\s*{c}|cat\(\s*[\(\[]\s*{c}\s*,\s*{v}", rest):
-        return None  # the context joined to the input: keys of two kinds
+    joins = [m for m in re.finditer(rf"cat\(\s*[\(\[]\s*{v}\s*,\s*{c}\b|cat\(\s*[\(\[]\s*{c}\s*,\s*{v}\b", rest)
+             if not _under_default_off_flag(module, rest, m.start())]
+    if joins:
+        return PreNorms(norm, norm, name, f"{context_name} is concatenated to {var} as keys and values (keys of two "
+                                          f"kinds): verified as the self-attention it computes without {context_name}")
     own = re.search(rf"\b{c}\s*=\s*self\.(\w+)\(\s*{c}\s*\)", rest)
     if own is not None:
-        context_norm = _pre_norm(module, own.group(1))
-        return None if context_norm is None else (norm, context_norm, f"{name}, {own.group(1)}")
+        child = own.group(1)
+        if hasattr(module, child) and getattr(module, child) is None:
+            return PreNorms(norm, norm, name, f"its {context_name} norm ({child}) is None as built (a cross-attention "
+                                              f"layer only when constructed so): verified as self-attention")
+        context_norm = _pre_norm(module, child)
+        return None if context_norm is None else PreNorms(norm, context_norm, f"{name}, {child}")
     if re.search(rf"default\(\s*{c}\s*,\s*{v}\s*\)|\b{c}\s+if\b[^\n]*\belse\s+{v}\b", rest):
-        return norm, None, name
+        return PreNorms(norm, None, name)
     return None
+
+
+def _under_default_off_flag(module: nn.Module, source: str, at: int) -> bool:
+    """Whether position ``at`` of ``source`` lies in the body of ``if FLAG:``, FLAG a parameter of the
+    forward whose default is False or None (XCiT's cross-ViT ``if kv_include_self:``): a path the
+    harness, calling with defaults, never takes."""
+    start = source.rfind("\n", 0, at) + 1
+    indent = len(source[start:at]) - len(source[start:at].lstrip())
+    for line in reversed(source[:start].splitlines()):
+        stripped = line.lstrip()
+        if not stripped or stripped.startswith("#") or len(line) - len(stripped) >= indent:
+            continue
+        flag = re.fullmatch(r"if\s+(\w+)\s*:\s*(?:#.*)?", stripped.rstrip())
+        if flag is None:
+            return False
+        try:
+            param = inspect.signature(type(module).forward).parameters.get(flag.group(1))
+        except (TypeError, ValueError):
+            return False
+        return param is not None and param.default in (False, None)
+    return False
 
 
 def _pre_norm(module: nn.Module, name: str) -> Norm | None:

@@ -97,7 +97,9 @@ _QUERY_PRESCALED = re.compile(r"query\w*\s*=\s*query\w*\s*\*\s*self\.\w+\s*\*\*\
 
 def _pre_norm_note(pre: PreNorms, context: str | None) -> str:
     """The conventions line of a pre-norm read by :func:`qk_norm.input_norms`."""
-    norm, context_norm, names = pre
+    norm, context_norm, names, self_only = pre
+    if self_only:
+        context = None
     what = norm.describe().replace(" over all heads", " over D")
     if context is None:
         return f"its input normalized first by {names} ({what}), applied by the oracle"
@@ -132,7 +134,7 @@ class StructuralAdapter(Adapter):
         sig = read_signature(module)
         pre = input_norms(module, forward_sources(module)[0][1], sig.input, sig.context) \
             if sig.key is None else None  # a pre-norm of the layer's input (and its context)
-        pre_norm, context_norm = (None, None) if pre is None else pre[:2]
+        pre_norm, context_norm = (None, None) if pre is None else (pre.norm, pre.context_norm)
         extra = self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm), position_bias)
         if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
             try:
@@ -161,6 +163,8 @@ class StructuralAdapter(Adapter):
         if context_ignored is not None:  # ErnieImage's single stream: verified as the self-attention it computes
             shared = False
         joint_note = ""
+        if shared and pre is not None and pre.self_only:  # XCiT's join; a context norm not built
+            shared, joint_note = False, pre.self_only
         if shared and any(_JOINT.search(source) for _, source in forward_sources(module)):
             # joint attention (MotifVideo, SD3's kind): the context joins the sequence, it is not keys
             shared, joint_note = False, (f"joint attention: {sig.context} is concatenated to {sig.input} "

@@ -201,7 +201,7 @@ def _term_magnitudes(ex: AttnExample, bound: Instance, g: torch.Tensor, n_inputs
 def _norm_gain(norm: Norm, x: torch.Tensor) -> torch.Tensor:
     """A bound on a norm's Jacobian at x (B, L, D), per position (B, L, 1): 3 max|w| / sigma."""
     w_max = 1.0 if norm.weight is None else float(norm.weight.detach().double().abs().max()) + norm.offset
-    return 3 * w_max / (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()
+    return 3 * w_max / (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps_for(torch.float32)).sqrt()
 
 
 def _error(t: torch.Tensor, oracle: torch.Tensor) -> float:
