@@ -52,10 +52,20 @@ def called_projections(module: nn.Module) -> list[Layer]:
         if isinstance(child, nn.ModuleList) and len(child) >= 2 and all(_linear_like(m) for m in child):
             out += [(f"{name}[{i}]", m) for i, m in enumerate(child)]
             continue
-        layer = output_layer(child)
+        layer = output_layer(child) or _wrapped_linear(child)
         if layer is not None:
             out.append((name, layer))
     return out
+
+
+def _wrapped_linear(child: nn.Module) -> nn.Module | None:
+    """The one linear of a projection wrapper (labml's ``PrepareForMultiHeadAttention``: a Linear, then
+    a view into heads): a module with no parameters of its own and exactly one submodule, linear-like;
+    None for anything else (a LoRA wrapper's extra weights, a norm beside the linear)."""
+    if isinstance(child, (nn.ModuleList, nn.Sequential)) or any(True for _ in child.parameters(recurse=False)):
+        return None
+    inner = [m for m in child.modules() if m is not child]
+    return inner[0] if len(inner) == 1 and _linear_like(inner[0]) else None
 
 
 _SELF_OR_SUPER = re.compile(r"\bself\.(\w+)\b|\bsuper\(\s*(?:\w+\s*,\s*self\s*)?\)\.(\w+)\(")

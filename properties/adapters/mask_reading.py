@@ -70,6 +70,7 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
         # a fully masked row sums to 0 and gives zeros, whatever the fill before
         "zeroed": re.compile(rf"\bexp\w*\.masked_fill_?\(\s*~\s*{m}\s*,\s*0(?:\.0*)?\s*\)"),
         "bool_only": re.compile(rf"~\s*{m}\b|{m}\.logical_not\(\)"),
+        "zero_test": re.compile(rf"masked_fill_?\(\s*{m}{c}\s*==\s*0\b"),
         "key_padding": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+(?:j|n|s|k)\s*->"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*\]"),
@@ -81,6 +82,10 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
         "queries_too": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+i\s*->\s*b\s+1\s+i\s+1['\"]"),
         "sdpa": re.compile(rf"scaled_dot_product_attention\([^)]*attn_mask\s*=\s*{m}\b"),
         "switch": re.compile(rf"is_causal\s*=\s*{m}\s+is\s+not\s+None[^\n,)]*"),
+        # labml's sequence-first layers: ``mask[i, j, b]``, batch last, checked against the queries' batch
+        # axis (``assert mask.shape[2] == 1 or mask.shape[2] == query_shape[1]``)
+        "batch_last": re.compile(rf"\b{m}\.shape\[2\]\s*==\s*(?:1\s+or\s+{m}\.shape\[2\]\s*==\s*)?"
+                                 rf"\w+(?:\.shape)?\[1\]"),
     }
 
 
@@ -120,14 +125,18 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     if kind:
         said = {"keep": "kept where True", "drop": "removed where True", "additive": "added"}[kind]
         how.append(f"mask {said} ({where(p[kind])})")
-    layout = "BL" if p["key_padding"].search(text) else None
-    if layout:
+    layout = "BL" if p["key_padding"].search(text) else "LLB" if p["batch_last"].search(text) else None
+    if layout == "BL":
         how.append(f"key padding (B, Lk) ({where(p['key_padding'])})")
+    elif layout == "LLB":
+        how.append(f"shaped (Lq, Lk, B), batch last ({where(p['batch_last'])})")
     elif kind == "additive" and (p["square"].search(text) or p["shared"].search(text)):
         layout = "LL"
         shared = p["square"] if p["square"].search(text) else p["shared"]
         how.append(f"one (L, L) mask for every item and head ({where(shared)})")
-    takes = frozenset({"bool"}) if kind in ("keep", "drop") and p["bool_only"].search(text) else None
+    # ``~mask`` takes bools only; ``mask == 0`` reads a float mask as 0/1, never as additive biases
+    takes = frozenset({"bool"}) if kind in ("keep", "drop") and (p["bool_only"].search(text)
+                                                                 or p["zero_test"].search(text)) else None
     fully = None
     if p["sdpa"].search(text):
         pass  # a path through SDPA gives what SDPA gives on a fully masked row, whatever another path's fill

@@ -104,7 +104,8 @@ class MaskFormat:
         (exactly (B, 1, Lq, Lk): HF's older layers, BART's copies such as LED's decoder, compare the
         mask's size to that and raise on any other), "BHLL3" (exactly (B * H, Lq, Lk), the heads
         folded into the batch: Mask2Former's and OneFormer's DETR-style layers), "LL" (one (Lq, Lk)
-        mask for every item and head: whisper's classic path).
+        mask for every item and head: whisper's classic path), "LLB" ((Lq, Lk, B), batch last, no head
+        axis: labml's sequence-first layers).
     """
 
     kind: str = "keep"
@@ -116,7 +117,8 @@ class MaskFormat:
         """Which of (B, H, Lq, Lk) the layout carries at full size."""
         return {"BHLL": (True, True, True, True), "BHLL4": (True, True, True, True), "BLL": (True, False, True, True),
                 "BL": (True, False, False, True), "B1LL": (True, False, True, True),
-                "BHLL3": (True, True, True, True), "LL": (False, False, True, True)}[self.layout]
+                "BHLL3": (True, True, True, True), "LL": (False, False, True, True),
+                "LLB": (True, False, True, True)}[self.layout]
 
     @property
     def forms(self) -> frozenset[str]:
@@ -129,7 +131,7 @@ class MaskFormat:
                 "additive": "additive float, -inf removes", "additive_min": "additive float, finfo.min removes"}
         shape = {"BHLL": "", "BHLL4": ", of rank 4", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)",
                  "B1LL": ", shaped (B, 1, Lq, Lk) exactly", "BHLL3": ", shaped (B * H, Lq, Lk)",
-                 "LL": ", one (Lq, Lk) mask for every item and head"}
+                 "LL": ", one (Lq, Lk) mask for every item and head", "LLB": ", shaped (Lq, Lk, B), batch last"}
         return f"mask passed as {what[self.kind]}{shape[self.layout]}"
 
     def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,
@@ -154,6 +156,9 @@ class MaskFormat:
             mask = mask[None, None]
         elif self.layout == "B1LL":
             mask = to_shape(mask, (B, 1, Lq, Lk), self.carried, what="a layer whose mask has one head")
+        elif self.layout == "LLB":
+            mask = to_shape(mask, (B, 1, Lq, Lk), self.carried, what="a layer whose mask has no head axis")
+            mask = mask[:, 0].permute(1, 2, 0)  # (B, 1, Lq, Lk) -> (Lq, Lk, B)
         elif self.layout == "BHLL3":
             if heads is None:
                 raise ValueError("a mask of layout BHLL3 needs the number of heads: convert(..., heads=H)")

@@ -60,7 +60,27 @@ def lk_equals_lv(bound: Instance, ex: AttnExample) -> Measure:
             f"passes them through to torch's SDPA and {call.describe()} returned (torch {torch.__version__}). "
             f"SDPA documents one length S for key and value and does not check it on CPU: {UPSTREAM}. "
             "The layer adds no check of its own")))
+    if 1 in (lk, lv) and _refused_by_torch(bound, ex):
+        return Measure(finding=("inherited", (
+            f"Lk={lk}, Lv={lv} returned a tensor of shape {tuple(out.shape)} instead of raising: an axis of length 1 "
+            "is broadcast against the other by the torch op the layer contracts weights and values with "
+            "(torch.einsum and elementwise ops broadcast size-1 axes, as NumPy does), while Lk=2, Lv=3 is refused by "
+            "that op's "
+            "shape check. The layer adds no check of its own")))
     raise Violation(f"Lk={lk}, Lv={lv} returned a tensor of shape {tuple(out.shape)}, but should raise")
+
+
+def _refused_by_torch(bound: Instance, ex: AttnExample) -> bool:
+    """Whether the layer refuses Lk=2, Lv=3 through a torch op's shape check (not its own raise)."""
+    k = ex.k[:, [0, 0]]
+    v = torch.cat([ex.v, ex.v, ex.v], dim=1)[:, :3]
+    try:
+        bound(ex.q, k, v, None)
+    except NotApplicable:
+        raise
+    except Exception as exc:
+        return not _raised_by_layer(exc)
+    return False
 
 
 def _raised_by_layer(exc: BaseException) -> bool:
