@@ -38,7 +38,7 @@ PARAMETER_ROLES: dict[str, str] = {
                      "model_dim", "hidden_dim", "n_state"), "d_model"),
     **dict.fromkeys(("n_head", "num_heads", "heads", "n_heads", "num_attention_heads", "nhead",
                      "attention_heads"), "n_head"),
-    **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size"), "head_dim"),
+    **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size", "d_k"), "head_dim"),
     **dict.fromkeys(("layer_idx", "layer_id", "layer_number", "block_idx"), "layer_idx"),
     # a layer that can compute its own position bias (T5's first layer) is built with it: the oracle
     # adds the layer's table (mha.scoring.PositionBias), so how the layer adds it is verified
@@ -47,6 +47,17 @@ PARAMETER_ROLES: dict[str, str] = {
     # self-attention is (the oracle's heads are d_model / n_head wide)
     "downsample_rate": "one",
 }
+#: a *required* constructor parameter's name -> what it is given; optional ones keep their defaults
+#: (a layer built without bias by default is verified so): the plain layer, no dropout, a context as
+#: wide as the input (labml's ``d_cond``)
+REQUIRED_ROLES: dict[str, str] = {
+    **dict.fromkeys(("is_causal", "causal"), "false"),
+    "bias": "true",
+    **dict.fromkeys(("dropout", "dropout_prob", "dropout_rate", "attn_dropout", "attention_dropout"), "zero"),
+    **dict.fromkeys(("d_cond", "context_dim", "dim_context", "d_context", "cross_attention_dim"), "d_model"),
+}
+#: roles that are not sizes: a plan of these alone names no size of the layer
+_NOT_SIZES = ("position_bias", "one", "false", "true", "zero")
 CONFIG_NAMES = ("config", "cfg", "args")
 #: a config field -> the size it is set to, where the library's config has the field
 CONFIG_ROLES: dict[str, str] = {
@@ -69,7 +80,8 @@ def sizes_of(d_model: int, n_head: int, grouped: bool = True) -> dict[str, int]:
     """The value of each role at (d_model, n_head). Key/value heads: half the query heads where
     H is even and ``grouped`` (grouped-query attention gets exercised), else H."""
     return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
-            "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True, "one": 1}
+            "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True, "one": 1,
+            "false": False, "true": True, "zero": 0}
 
 
 def config_for(d_model: int, n_head: int) -> SimpleNamespace:
@@ -251,9 +263,11 @@ def plans(cls: type) -> list[Construction]:
             roles.append((p.name, PARAMETER_ROLES[p.name]))
         elif p.name in CONFIG_NAMES and config is None:
             config = p
+        elif p.default is p.empty and p.name in REQUIRED_ROLES:
+            roles.append((p.name, REQUIRED_ROLES[p.name]))
         elif p.default is p.empty:
             unknown.append(p.name)
-    if unknown or (not any(role not in ("position_bias", "one") for _, role in roles) and config is None):
+    if unknown or (not any(role not in _NOT_SIZES for _, role in roles) and config is None):
         return [Construction(cls, positional=True)]
     if config is None:
         return [Construction(cls, tuple(roles))]
@@ -283,6 +297,7 @@ __all__ = [
     "CONFIG_NAMES",
     "CONFIG_ROLES",
     "PARAMETER_ROLES",
+    "REQUIRED_ROLES",
     "Construction",
     "choose",
     "config_for",
