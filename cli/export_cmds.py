@@ -110,6 +110,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """
     from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
     from mha_verify.properties.engine import profiles
+    from mha_verify.properties.model.inputs import takes_token_ids
     from mha_verify.properties.onnx.conventions import adopt_conventions
     from mha_verify.properties.onnx.interface import parse_input_map, read_interface
     from mha_verify.properties.onnx.model_file import ModelError, load_model
@@ -119,6 +120,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from mha_verify.properties.protocol import TargetError
     from mha_verify.validation import interface_result, load_eager, validation_tasks
 
+    try:
+        whole = takes_token_ids(load_model(args.model, external_data=False,
+                                           max_external_bytes=int(args.max_external_data_gb * 2**30)))
+    except (ModelError, OSError) as exc:
+        return usage_error(str(exc))
+    if whole:  # a whole text model: its own inputs, checks and eager model
+        from mha_verify.model_validate import validate_model
+
+        return validate_model(args)
+    if args.model_inputs or args.only:
+        return usage_error("--model-inputs and --only are for a whole model taking token ids; "
+                           f"{args.model} is an attention layer (map its inputs with --inputs)")
+    if args.eager is not None and args.target is None and args.weights is None:
+        args.target = args.eager  # a layer's eager model is its --target
     try:
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
@@ -307,4 +322,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     help="what the file cannot say: fully_masked=zeros|uniform|uniform_visible|nan (what a fully "
                     "masked row gives), "
                     "causal=true|false, scale=X (the softmax scale; default 1/sqrt(Hd) or the attention operator's)")
+    va.add_argument("--eager", default=None, metavar="DIR_OR_SPEC",
+                    help="the model the file was exported from: a transformers save_pretrained folder or "
+                    "module:factory (for a whole model taking token ids; for a layer, the same as --target)")
+    va.add_argument("--model-inputs", dest="model_inputs", default=None, metavar="ROLE=NAME,...",
+                    help="a whole model's input roles where their names do not say: input_ids, attention_mask, "
+                    "token_type_ids, position_ids")
+    va.add_argument("--only", default=None, metavar="CHECK,...",
+                    help="a whole model's checks to run: outputs_agree, padding_invariance, batch_independence, "
+                    "fully_padded_finite (default all)")
     va.set_defaults(func=cmd_validate)

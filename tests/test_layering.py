@@ -27,6 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "properties.engine": {"mha", "properties.protocol", "properties.strategies"},  # sees targets by protocol only
     "properties.invariants": {"mha", "properties.protocol", "properties.strategies", "properties.engine"},
     "export": {"mha", "properties.adapters", "properties.targets"},     # ONNX graphs of eager targets
+    # whole exported models against the eager model they came from
+    "properties.model": {"mha", "properties.protocol", "properties.loading", "properties.onnx", "properties.engine"},
 }
 ROOMS = [*ALLOWED, "properties", "cli"]
 

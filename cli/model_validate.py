@@ -1,0 +1,68 @@
+"""``mha-verify validate MODEL.onnx --eager DIR_OR_SPEC`` for a whole exported model that takes
+token ids: its inputs read from their names, then each check of
+:mod:`mha_verify.properties.model.checks` over generated batches in onnxruntime, held against the
+eager model it was exported from. Exit 0 every check passed (findings and n/a said), 1 a check
+failed or none passed, 2 a usage error (one line naming the input, the flag or the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mha_verify import report_text
+from mha_verify.escape import printable
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
+from mha_verify.properties.engine.results import CheckResult
+
+
+def validate_model(args: argparse.Namespace) -> int:
+    from mha_verify.properties.engine import profiles
+    from mha_verify.properties.model.checks import CHECKS, ModelUnderTest
+    from mha_verify.properties.model.eager import load_eager_model
+    from mha_verify.properties.model.inputs import parse_model_inputs, read_model_inputs
+    from mha_verify.properties.model.runner import run_check
+    from mha_verify.properties.onnx.model_file import ModelError, load_model
+    from mha_verify.properties.onnx.ort_target import make_session
+    from mha_verify.properties.protocol import TargetError
+
+    try:
+        if not args.eager:
+            raise ModelError(f"{args.model} takes token ids: a whole model, validated against the model it was "
+                             "exported from; pass --eager DIR (its save_pretrained folder) or --eager "
+                             "module:factory")
+        only = [c.strip() for c in (args.only or "").split(",") if c.strip()] or list(CHECKS)
+        unknown = [c for c in only if c not in CHECKS]
+        if unknown:
+            raise ValueError(f"--only names {', '.join(unknown)}, not a whole-model check; choose from "
+                             f"{', '.join(CHECKS)}")
+        settings = profiles.PROFILES[profiles.profile_name(args.profile)]
+        model = load_model(args.model, external_data=False, max_external_bytes=int(args.max_external_data_gb * 2**30))
+        inputs = read_model_inputs(model, Path(args.model), parse_model_inputs(args.model_inputs))
+        eager = load_eager_model(args.eager)
+        mut = ModelUnderTest(make_session(args.model), inputs, eager)
+        mut.read_claims()
+    except (ModelError, TargetError, ValueError, OSError) as exc:
+        return usage_error(str(exc))
+    except Exception as exc:  # onnxruntime refusing the file, the eager model failing its first call
+        return usage_error(f"loading {args.model} or its eager model failed: {type(exc).__name__}: "
+                           f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}")
+    print(printable(f"{args.model}: a whole model taking token ids; inputs {inputs.describe()}; outputs "
+                    f"{', '.join(inputs.outputs)}; eager {eager.source} (vocabulary {eager.vocab_size}, lengths to "
+                    f"{eager.max_length}); padding kept by the eager model on: "
+                    f"{', '.join(side for side, why in mut.keeps.items() if not why)}"
+                    + "".join(f"; not {side}: {why}" for side, why in mut.keeps.items() if why)))
+    results: list[CheckResult] = []
+    for name in only:
+        print(f"  [{len(results) + 1}/{len(only)}] running model/{name} ...", file=sys.stderr, flush=True)
+        results.append(run_check(name, mut, settings))
+    print(printable("\n".join((report_text.table(results, "validate"), report_text.failures(results),
+                                report_text.findings(results), report_text.summary(results)))))
+    if any(r.failed for r in results):
+        return EXIT_FAIL
+    if not any(r.verdict == "pass" for r in results):
+        print("mha-verify: nothing was verified: no check passed; this is not a pass", file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK
+

@@ -1,0 +1,199 @@
+"""The relations a whole exported text model is held to, each on one generated :class:`Batch`.
+
+Every comparison uses the one tolerance rule (:mod:`mha.tolerance`): the eager model in float64 is
+the oracle, the same model in float32 (the precision the export runs in) gives the allowance,
+``multiple * |eager32 - eager64| + floor``. A relation between two onnxruntime runs is allowed the
+eager model's error on both sides.
+
+* ``outputs_agree``: onnxruntime against the eager model on every output, at every real token of
+  every item with one. A difference at padding (a padded position, a fully padded item) is a
+  finding of kind "unspecified by its library": transformers leaves padded rows don't-care.
+* ``padding_invariance``: a real token's outputs do not change when its item is padded, on each
+  side the eager model itself keeps them on (read at load: an encoder with absolute positions keeps
+  them under right padding only, and that is said).
+* ``batch_independence``: an item's real tokens give the same outputs alone as in the batch.
+* ``fully_padded_finite``: a fully padded item's outputs are finite.
+
+A check returns a :class:`Measure`; ``checked`` is False where the batch held nothing to compare.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from mha_verify.mha.tolerance import compare, tolerance_for
+from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation
+from mha_verify.properties.model.batches import Batch, make_batch
+from mha_verify.properties.model.eager import EagerModel
+from mha_verify.properties.model.inputs import ModelInputs
+
+_NP_INT = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+@dataclass
+class ModelUnderTest:
+    """An onnxruntime session on the export, its input roles, and the eager model it came from.
+
+    ``keeps``: the padding sides on which the eager model keeps real tokens' outputs (read by
+    :meth:`read_claims`), with the reason for each side it does not keep."""
+
+    session: ort.InferenceSession
+    inputs: ModelInputs
+    eager: EagerModel
+    keeps: dict[str, str] = field(default_factory=dict)  # side -> "" (kept) or why not
+
+    def ort(self, batch: Batch) -> dict[str, torch.Tensor]:
+        types = {i.name: _NP_INT.get(i.type, np.int64) for i in self.session.get_inputs()}
+        feed = {name: t.numpy().astype(types.get(name, np.int64))
+                for name, t in batch.inputs(self.inputs.roles).items()}
+        out = self.session.run(list(self.inputs.outputs), feed)
+        return {name: torch.from_numpy(np.asarray(v)).double()
+                for name, v in zip(self.inputs.outputs, out, strict=True)}
+
+    def eager_run(self, batch: Batch, *, exact: bool) -> dict[str, torch.Tensor]:
+        roles = {role: getattr(batch, role) for role in self.inputs.roles}
+        return self.eager.run(roles, self.inputs.outputs, exact=exact)
+
+    def read_claims(self, seed: int = 0) -> None:
+        """Which padding sides the eager model keeps real tokens' outputs on, in float64, on a probe
+        batch of items with 3, 5 and 8 real tokens of 9."""
+        self.keeps = {"right": ""}
+        for side in ("left", "holes"):
+            probe = make_batch([3, 5, 8], 9, side, self.eager.vocab_size, self.eager.type_vocab_size, seed)
+            padded = self.eager_run(probe, exact=True)
+            worst = 0.0
+            for i in range(3):
+                alone = self.eager_run(probe.item(i, unpadded=True), exact=True)
+                for name, value in sequence_outputs(padded, probe).items():
+                    keep = probe.attention_mask[i].bool()
+                    worst = max(worst, float((value[i][keep] - alone[name][0]).abs().max()))
+            self.keeps[side] = "" if worst <= 1e-9 else (
+                f"the eager model itself changes real tokens' outputs by up to {worst:.3g} under {side} padding "
+                "(absolute positions, counted over padding): it claims right padding only")
+
+
+def sequence_outputs(outputs: dict[str, torch.Tensor], batch: Batch) -> dict[str, torch.Tensor]:
+    """The outputs with a position axis, (B, L, ...)."""
+    b, n = batch.input_ids.shape
+    return {k: v for k, v in outputs.items() if v.dim() >= 2 and tuple(v.shape[:2]) == (b, n)}
+
+
+def _real(value: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Where ``value`` (an output) is a real token's: (B, L, ...) at real positions, (B, ...) of items
+    with one; a bool tensor of ``value``'s shape."""
+    b, n = batch.input_ids.shape
+    mask = batch.attention_mask.bool()
+    if value.dim() >= 2 and tuple(value.shape[:2]) == (b, n):
+        where = mask
+    else:
+        where = mask.any(dim=1)
+    return where.reshape(*where.shape, *(1,) * (value.dim() - where.dim())).expand_as(value)
+
+
+def _allowed(oracle: torch.Tensor, same: torch.Tensor, extra: float = 0.0) -> float:
+    ref = float((same - oracle).abs().max()) if oracle.numel() else 0.0
+    scale = float(oracle.abs().max()) if oracle.numel() else 0.0
+    return tolerance_for(torch.float32).allowed(ref + extra, scale)
+
+
+def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
+    got, exact, same = mut.ort(batch), mut.eager_run(batch, exact=True), mut.eager_run(batch, exact=False)
+    worst, allowed, padded_note = 0.0, math.inf, None
+    for name in mut.inputs.outputs:
+        real = _real(exact[name], batch)
+        if bool(real.any()):
+            comparison = compare(got[name][real], exact[name][real], same[name][real], torch.float32)
+            if not math.isfinite(comparison.allowed):
+                return UNCHECKED
+            if not comparison.ok:
+                raise Violation(f"{name} at real tokens, onnxruntime vs the eager model in float64: {comparison}",
+                                comparison.error, comparison.allowed)
+            worst, allowed = max(worst, comparison.error), min(allowed, comparison.allowed)
+        pad = ~real
+        if bool(pad.any()) and padded_note is None:
+            off = compare(got[name][pad], exact[name][pad], same[name][pad], torch.float32)
+            if not off.ok:
+                padded_note = (f"{name} differs from the eager model at padding (padded positions and fully padded "
+                               f"items), {off}; transformers leaves padded rows unspecified, so it is no failure")
+    if not math.isfinite(allowed):
+        return UNCHECKED
+    return Measure(worst, allowed, finding=None if padded_note is None else ("unspecified", padded_note))
+
+
+def padding_invariance(mut: ModelUnderTest, batch: Batch) -> Measure:
+    if mut.keeps.get(batch.padding, "") != "":
+        return UNCHECKED  # a side the eager model does not keep (said once, in the result)
+    padded, padded_exact, padded_same = mut.ort(batch), mut.eager_run(batch, exact=True), \
+        mut.eager_run(batch, exact=False)
+    worst, allowed, checked = 0.0, math.inf, False
+    for i, n in enumerate(batch.real):
+        if n == 0 or n == batch.input_ids.shape[1]:
+            continue  # nothing padded, or nothing real
+        alone_batch = batch.item(i, unpadded=True)
+        alone, alone_exact, alone_same = mut.ort(alone_batch), mut.eager_run(alone_batch, exact=True), \
+            mut.eager_run(alone_batch, exact=False)
+        keep = batch.attention_mask[i].bool()
+        for name, value in sequence_outputs(padded, batch).items():
+            error = float((value[i][keep] - alone[name][0]).abs().max())
+            extra = float((alone_same[name] - alone_exact[name]).abs().max())
+            limit = _allowed(padded_exact[name][i][keep], padded_same[name][i][keep], extra)
+            if not error <= limit:
+                raise Violation(f"{name} of item {i} ({n} real tokens, {batch.padding} padding to "
+                                f"{batch.input_ids.shape[1]}) vs the item unpadded: max difference {error:.3g} > "
+                                f"allowed {limit:.3g}", error, limit)
+            worst, allowed, checked = max(worst, error), min(allowed, limit), True
+    return Measure(worst, allowed) if checked else UNCHECKED
+
+
+def batch_independence(mut: ModelUnderTest, batch: Batch) -> Measure:
+    if batch.input_ids.shape[0] < 2:
+        return UNCHECKED
+    together, exact, same = mut.ort(batch), mut.eager_run(batch, exact=True), mut.eager_run(batch, exact=False)
+    worst, allowed, checked = 0.0, math.inf, False
+    for i, n in enumerate(batch.real):
+        if n == 0:
+            continue
+        alone = mut.ort(batch.item(i))
+        for name, value in together.items():
+            real = _real(value, batch)[i]
+            error = float((value[i][real] - alone[name][0][real]).abs().max())
+            limit = _allowed(exact[name][i][real], same[name][i][real], float((same[name][i][real]
+                                                                                 - exact[name][i][real]).abs().max()))
+            if not error <= limit:
+                raise Violation(f"{name} of item {i} computed alone vs in a batch of {batch.input_ids.shape[0]}: "
+                                f"max difference {error:.3g} > allowed {limit:.3g}", error, limit)
+            worst, allowed, checked = max(worst, error), min(allowed, limit), True
+    return Measure(worst, allowed) if checked else UNCHECKED
+
+
+def fully_padded_finite(mut: ModelUnderTest, batch: Batch) -> Measure:
+    empty = [i for i, n in enumerate(batch.real) if n == 0]
+    if not empty:
+        return UNCHECKED
+    got = mut.ort(batch)
+    for name, value in got.items():
+        bad = [i for i in empty if not bool(torch.isfinite(value[i]).all())]
+        if bad:
+            eager = mut.eager_run(batch, exact=False)[name]
+            inherited = all(not bool(torch.isfinite(eager[i]).all()) for i in bad)
+            if inherited:
+                return Measure(finding=("inherited", f"{name} of fully padded item {bad[0]} is not finite in "
+                                                     "onnxruntime, as in the eager model it was exported from"))
+            raise Violation(f"{name} of fully padded item {bad[0]} is not finite in onnxruntime (the eager model's "
+                            "is finite)")
+    return Measure()
+
+
+#: name -> check, in the order they run
+CHECKS: dict[str, Callable[[ModelUnderTest, Batch], Measure]] = {
+    "outputs_agree": outputs_agree,
+    "padding_invariance": padding_invariance,
+    "batch_independence": batch_independence,
+    "fully_padded_finite": fully_padded_finite,
+}

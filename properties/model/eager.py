@@ -1,0 +1,137 @@
+"""The eager model an export came from: a transformers ``save_pretrained`` folder, or a
+``module:factory`` / ``file.py:factory`` spec (a factory called with no arguments, or a class built
+with none), called as the export is: by keyword, with the roles the graph takes.
+
+The oracle is this model in float64, the allowance comes from the same model in float32 (its
+own rounding in the precision the export runs in): :class:`EagerModel` holds both copies.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mha_verify.properties.loading import load_attr
+from mha_verify.properties.protocol import TargetError
+
+#: the longest sequence drawn where a model states no maximum of its own
+DEFAULT_MAX_LENGTH = 129
+
+
+@dataclass
+class EagerModel:
+    """``exact``: the model in float64 (the oracle); ``same``: in float32, as exported."""
+
+    exact: nn.Module
+    same: nn.Module
+    vocab_size: int
+    max_length: int
+    type_vocab_size: int
+    source: str
+
+    def run(self, inputs: dict[str, torch.Tensor], names: tuple[str, ...], *, exact: bool) -> dict[str, torch.Tensor]:
+        """The outputs named ``names`` (the graph's), each a float64 tensor, from one call by keyword."""
+        model = self.exact if exact else self.same
+        with torch.no_grad():
+            out = model(**inputs)
+        return {name: value.double() for name, value in zip(names, _outputs(out, names), strict=True)}
+
+
+def _outputs(out: object, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """The model's outputs in the graph's order: by name from a dict-like output (HF's ModelOutput),
+    else by position from a tuple, or the one tensor."""
+    found: list[object]
+    if isinstance(out, torch.Tensor):
+        found = [out]
+    elif isinstance(out, Mapping) and all(n in out for n in names):  # HF's ModelOutput is an OrderedDict
+        found = [out[n] for n in names]
+    elif callable(getattr(out, "to_tuple", None)):
+        found = list(out.to_tuple())  # type: ignore[attr-defined]
+    elif isinstance(out, (tuple, list)):
+        found = list(out)
+    else:
+        raise TargetError(f"the eager model returned a {type(out).__name__}, not tensors")
+    tensors = [t for t in found if isinstance(t, torch.Tensor)]
+    if len(tensors) < len(names):
+        raise TargetError(f"the eager model returns {len(tensors)} tensors where the graph has {len(names)} outputs "
+                          f"({', '.join(names)})")
+    return tensors[:len(names)]
+
+
+def load_eager_model(spec: str) -> EagerModel:
+    """The eager model of ``spec`` (a folder with config.json, or a factory spec); TargetError naming
+    what is wrong. Nothing is downloaded: a folder is read with ``local_files_only``."""
+    path = Path(spec)
+    if path.is_dir():
+        model: object = _from_folder(path)
+        source = f"the transformers model in {path}"
+    else:
+        obj = load_attr(spec)
+        try:
+            model = obj() if callable(obj) else obj
+        except Exception as exc:
+            raise TargetError(f"calling {spec} with no arguments raised {type(exc).__name__}: {exc}") from None
+        source = spec
+    if not isinstance(model, nn.Module):
+        raise TargetError(f"--eager {spec} gave a {type(model).__name__}, not a torch.nn.Module")
+    model = model.float().eval()
+    exact = copy.deepcopy(model).double().eval()
+    return EagerModel(exact, model, _vocab_size(model, spec), _max_length(model), _type_vocab(model), source)
+
+
+def _from_folder(path: Path) -> nn.Module:
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise TargetError(f"--eager {path} is a folder without config.json: not a save_pretrained folder")
+    try:
+        import transformers
+    except ImportError:
+        raise TargetError(f"--eager {path} is a transformers folder, and transformers is not installed") from None
+    try:
+        architectures = json.loads(config_file.read_text()).get("architectures") or []
+    except (OSError, ValueError) as exc:
+        raise TargetError(f"cannot read {config_file}: {exc}") from None
+    names = [a for a in architectures if isinstance(a, str) and a.isidentifier()]
+    # a class of transformers' own, by the name its config gives: never code from the folder
+    cls = next((getattr(transformers, n) for n in names if isinstance(getattr(transformers, n, None), type)
+                and issubclass(getattr(transformers, n), transformers.PreTrainedModel)), transformers.AutoModel)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:  # eager attention: the reference the export is held to, whatever kernel the export traced
+        return cls.from_pretrained(str(path), local_files_only=True, attn_implementation="eager")
+    except Exception as exc:
+        raise TargetError(f"loading {cls.__name__} from {path} raised {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+
+
+def _vocab_size(model: nn.Module, spec: str) -> int:
+    config = getattr(model, "config", None)
+    for owner, attr in ((config, "vocab_size"), (model, "vocab_size")):
+        value = getattr(owner, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+    if embedding is None:
+        raise TargetError(f"--eager {spec}: no vocab_size attribute or config field and no nn.Embedding to read "
+                          "the vocabulary's size from")
+    return int(embedding.num_embeddings)
+
+
+def _max_length(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    for owner, attr in ((config, "max_position_embeddings"), (model, "max_positions"), (config, "n_positions")):
+        value = getattr(owner, attr, None)
+        if isinstance(value, int) and value > 1:
+            return min(value, DEFAULT_MAX_LENGTH)
+    return DEFAULT_MAX_LENGTH
+
+
+def _type_vocab(model: nn.Module) -> int:
+    value = getattr(getattr(model, "config", None), "type_vocab_size", None)
+    return value if isinstance(value, int) and value > 0 else 1

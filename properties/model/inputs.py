@@ -1,0 +1,117 @@
+"""The inputs of a whole exported model that takes token ids, read from the names exporters write.
+
+torch.onnx (the names the caller gave), HF Optimum and onnxruntime's transformer optimizer name a
+text model's inputs ``input_ids`` (B, L), ``attention_mask`` (B, L) (1 = a real token),
+``token_type_ids`` (B, L) and ``position_ids`` (B, L); onnxruntime-genai's builder and Optimum's
+``with-past`` exports add ``past_key_values.N.key`` / ``.value`` (or ``past.N.*``) caches. A role is
+read from the name alone; ``--model-inputs ROLE=NAME,...`` maps the others by hand. A name no
+role fits, and a cache input (no decode schedule is driven yet), is refused with the flag that
+would help, never guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from mha_verify.properties.onnx.model_file import ModelError
+
+ROLES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "input_ids": ("input_ids", "input_id", "token_ids", "tokens", "ids"),
+    "attention_mask": ("attention_mask", "input_mask", "mask", "padding_mask"),
+    "token_type_ids": ("token_type_ids", "segment_ids", "type_ids"),
+    "position_ids": ("position_ids", "positions"),
+}
+#: a KV-cache input of a decoder export (Optimum ``with-past``, onnxruntime-genai's builder)
+_CACHE = re.compile(r"^(?:past_key_values?|past|cache)[._]\d+[._](?:key|value|k|v)$|^past_key_values|^past\b",
+                    re.IGNORECASE)
+_INTEGER = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """Which graph input plays each role (``roles``: role -> input name), and the graph's outputs."""
+
+    roles: dict[str, str]
+    outputs: tuple[str, ...]
+
+    def describe(self) -> str:
+        return ", ".join(f"{role} <- {name}" for role, name in self.roles.items())
+
+
+def _dims(value: onnx.ValueInfoProto) -> str:
+    dims = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?")
+            for d in value.type.tensor_type.shape.dim]
+    return f"({', '.join(dims)})"
+
+
+def takes_token_ids(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` is a whole text model: an integer input named as token ids, or integer inputs
+    of rank 2 only (no float input of rank 3, as an attention layer takes)."""
+    inputs = _graph_inputs(model)
+    if any(v.name.lower() in _ALIASES["input_ids"] and v.type.tensor_type.elem_type in _INTEGER for v in inputs):
+        return True
+    ranks = [(v.type.tensor_type.elem_type in _INTEGER, len(v.type.tensor_type.shape.dim)) for v in inputs]
+    return bool(ranks) and all(integer and rank == 2 for integer, rank in ranks)
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializers = {t.name for t in model.graph.initializer}
+    return [v for v in model.graph.input if v.name not in initializers]
+
+
+def parse_model_inputs(text: str | None) -> dict[str, str]:
+    """``"input_ids=ids,attention_mask=m"`` -> {"input_ids": "ids", ...}; ValueError naming a bad part."""
+    if not text:
+        return {}
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        role, sep, name = (s.strip() for s in part.partition("="))
+        if not sep or role not in ROLES or not name:
+            raise ValueError(f"--model-inputs takes ROLE=NAME pairs with ROLE in {', '.join(ROLES)}, got {part!r}")
+        if role in out:
+            raise ValueError(f"--model-inputs names role {role} twice ({out[role]!r} and {name!r})")
+        out[role] = name
+    return out
+
+
+def read_model_inputs(model: onnx.ModelProto, path: Path, mapping: dict[str, str] | None = None) -> ModelInputs:
+    """The roles of ``model``'s inputs; ModelError (a usage error) naming each input whose role cannot
+    be read and the flag that sets it, a cache input, or a missing ``input_ids``."""
+    inputs = _graph_inputs(model)
+    by_name = {v.name: v for v in inputs}
+    roles: dict[str, str] = {}
+    for role, name in (mapping or {}).items():
+        if name not in by_name:
+            raise ModelError(f"--model-inputs maps {role} to {name!r}, but the inputs of {path.name} are "
+                             f"{', '.join(by_name)}")
+        roles[role] = name
+    listed = ", ".join(f"{v.name} {_dims(v)}" for v in inputs)
+    cache = [v.name for v in inputs if v.name not in roles.values() and _CACHE.search(v.name)]
+    if cache:
+        shown = ", ".join(cache[:2]) + (f" and {len(cache) - 2} more" if len(cache) > 2 else "")
+        raise ModelError(f"{path.name} takes past key/values ({shown}): a decoder exported with its KV cache, whose "
+                         "prefill and decode schedule validate does not drive yet; export it without the cache "
+                         "(Optimum: a task without -with-past) to validate its full forward")
+    for v in inputs:
+        if v.name in roles.values():
+            continue
+        found = next((r for r, names in _ALIASES.items() if v.name.lower() in names and r not in roles), None)
+        if found is None:
+            raise ModelError(f"cannot tell the role of input {v.name} {_dims(v)} of {path.name} (inputs: {listed}); "
+                             f"map it with --model-inputs ROLE={v.name} (roles: {', '.join(ROLES)})")
+        roles[found] = v.name
+    if "input_ids" not in roles:
+        raise ModelError(f"{path.name} has no token-id input (inputs: {listed}); map it with "
+                         "--model-inputs input_ids=NAME")
+    for role, name in roles.items():
+        v = by_name[name]
+        if v.type.tensor_type.elem_type not in _INTEGER or len(v.type.tensor_type.shape.dim) != 2:
+            raise ModelError(f"input {name} {_dims(v)} of {path.name} is read as {role}, which is an int32 or int64 "
+                             "tensor (B, L); map the roles with --model-inputs")
+    ordered = {r: roles[r] for r in ROLES if r in roles}
+    return ModelInputs(ordered, tuple(o.name for o in model.graph.output))

@@ -1,0 +1,82 @@
+"""Run one whole-model check over generated batches with Hypothesis, into a :class:`CheckResult`.
+
+A check that raises :class:`Violation` fails on the batch Hypothesis shrinks to (named in the
+result with what to replay); one that checked no batch is n/a, never a pass; a finding is said
+with its kind. An exception raised by onnxruntime or the eager model is a failure of the check,
+named with its type: a model that cannot take a batch it declares it takes is a defect.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, given
+from hypothesis import settings as Settings
+
+from mha_verify.properties.engine.measure import Measure, Violation
+from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.model.batches import PADDING, Batch, batches
+from mha_verify.properties.model.checks import CHECKS, ModelUnderTest
+
+STAGE = "model"
+
+
+@dataclass
+class _Stats:
+    examples: int = 0
+    checked: int = 0
+    worst: float = 0.0
+    allowed: float | None = None
+    findings: dict[str, str] = field(default_factory=dict)
+    failing: Batch | None = None
+    message: str = ""
+
+
+def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult:
+    """Check ``name`` of :data:`CHECKS` on ``mut`` over the batches ``settings`` allows."""
+    check = CHECKS[name]
+    stats = _Stats()
+    sides = tuple(side for side in PADDING if name != "padding_invariance" or mut.keeps.get(side, "") == "")
+    strategy = batches(mut.eager.vocab_size, mut.eager.max_length, mut.eager.type_vocab_size, padding=sides)
+    start = time.perf_counter()
+
+    @Settings(settings, suppress_health_check=[*settings.suppress_health_check, HealthCheck.filter_too_much,
+                                               HealthCheck.data_too_large])
+    @given(strategy)
+    def search(batch: Batch) -> None:
+        stats.examples += 1
+        try:
+            measure: Measure = check(mut, batch)
+        except Violation as exc:
+            stats.failing, stats.message = batch, str(exc)
+            raise
+        except Exception as exc:
+            stats.failing = batch
+            stats.message = f"the model raised {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+            raise Violation(stats.message) from None
+        if measure.checked:
+            stats.checked += 1
+            stats.worst = max(stats.worst, measure.error)
+            stats.allowed = measure.allowed if stats.allowed is None else min(stats.allowed, measure.allowed)
+        if measure.finding is not None:
+            stats.findings.setdefault(*measure.finding)
+
+    try:
+        search()
+    except Violation:
+        assert stats.failing is not None
+        return CheckResult(name, STAGE, "fail", examples=stats.examples, reason=stats.message,
+                           counterexample=stats.failing.describe(), seconds=time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    unclaimed = [f"{side}: {why}" for side, why in mut.keeps.items() if why] if name == "padding_invariance" else []
+    if stats.checked == 0:
+        return CheckResult(name, STAGE, "n/a", examples=stats.examples, seconds=seconds,
+                           reason="no generated batch held anything this check compares"
+                           + (f" ({'; '.join(unclaimed)})" if unclaimed else ""))
+    if stats.findings:
+        kind, evidence = next(iter(stats.findings.items()))
+        return CheckResult(name, STAGE, "finding", examples=stats.checked, worst_error=stats.worst,
+                           allowed=stats.allowed, seconds=seconds, reason=evidence, kind=kind)
+    return CheckResult(name, STAGE, "pass", examples=stats.checked, worst_error=stats.worst, allowed=stats.allowed,
+                       seconds=seconds, reason="; ".join(unclaimed) or None)

@@ -1,0 +1,141 @@
+"""Whole exported models that take token ids, validated against the eager model they came from
+(``mha-verify validate MODEL.onnx --eager SPEC``): the inputs read from their names, refusals that
+name the input and the flag, and the one-bug twins of ``tests/fixtures/token_models.py`` caught by
+the relation each breaks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+from mha_verify.properties.model.batches import make_batch
+from mha_verify.properties.model.inputs import parse_model_inputs, read_model_inputs, takes_token_ids
+from mha_verify.properties.onnx.model_file import ModelError
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = "tests/fixtures/token_models.py"
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+import token_models  # noqa: E402
+
+
+def _validate(model: Path, eager: str, *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(model), "--eager",
+                           f"{FIXTURE}:{eager}", "--profile", "quick", *more],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def _verdicts(stdout: str) -> dict[str, str]:
+    rows = [line.split() for line in stdout.splitlines() if line.startswith("  ") and len(line.split()) >= 3]
+    return {row[0]: row[2] for row in rows if row[0] in ("outputs_agree", "padding_invariance", "batch_independence",
+                                                          "fully_padded_finite")}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("token_models")
+    out = {}
+    for name, factory, positions in (("encoder", token_models.encoder, False),
+                                     ("mask_dropped", token_models.mask_dropped, False),
+                                     ("mask_positions", token_models.mask_positions, False),
+                                     ("positions_off_by_one", token_models.positions_off_by_one, False)):
+        out[name] = folder / f"{name}.onnx"
+        token_models.export(factory(), str(out[name]), position_ids=positions)
+    return out
+
+
+def test_a_correct_export_passes_every_relation(exported: dict[str, Path]) -> None:
+    done = _validate(exported["encoder"], "encoder")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert set(_verdicts(done.stdout).values()) == {"ok"}, done.stdout
+    # absolute positions counted over padding: the eager model keeps right padding only, and says so
+    assert "padding kept by the eager model on: right;" in done.stdout or \
+        "padding kept by the eager model on: right\n" in done.stdout, done.stdout
+    assert "inputs input_ids <- input_ids, attention_mask <- attention_mask" in done.stdout
+
+
+def test_a_graph_whose_mask_is_dropped_in_one_layer_fails(exported: dict[str, Path]) -> None:
+    done = _validate(exported["mask_dropped"], "encoder")
+    assert done.returncode == 1, done.stdout + done.stderr
+    verdicts = _verdicts(done.stdout)
+    assert verdicts["outputs_agree"] == "FAIL" and verdicts["padding_invariance"] == "FAIL", done.stdout
+
+
+def test_positions_off_by_one_fail_where_the_eager_model_counts_real_tokens(exported: dict[str, Path]) -> None:
+    ok = _validate(exported["mask_positions"], "mask_positions")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "padding kept by the eager model on: right, left, holes" in ok.stdout  # positions from the mask
+    done = _validate(exported["positions_off_by_one"], "mask_positions")
+    assert done.returncode == 1 and _verdicts(done.stdout)["outputs_agree"] == "FAIL", done.stdout
+
+
+def test_a_whole_model_without_an_eager_model_is_a_usage_error(exported: dict[str, Path]) -> None:
+    done = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(exported["encoder"])],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "takes token ids: a whole model" in done.stderr and "--eager DIR" in done.stderr, done.stderr
+
+
+def _graph(inputs: list[tuple[str, int, list[str]]]) -> onnx.ModelProto:
+    """A graph of int inputs (name, element type, dims) whose one output is its first input's cast."""
+    values = [helper.make_tensor_value_info(n, t, dims) for n, t, dims in inputs]
+    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, inputs[0][2])
+    node = helper.make_node("Cast", [inputs[0][0]], ["last_hidden_state"], to=TensorProto.FLOAT)
+    return helper.make_model(helper.make_graph([node], "g", values, [out]))
+
+
+def test_roles_are_read_from_the_names_exporters_write() -> None:
+    model = _graph([("input_ids", TensorProto.INT64, ["b", "s"]), ("attention_mask", TensorProto.INT64, ["b", "s"]),
+                    ("token_type_ids", TensorProto.INT64, ["b", "s"])])
+    assert takes_token_ids(model)
+    read = read_model_inputs(model, Path("bert.onnx"))
+    assert read.roles == {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                          "token_type_ids": "token_type_ids"}
+    assert read.outputs == ("last_hidden_state",)
+
+
+def test_an_input_no_name_says_is_refused_naming_it_and_the_flag() -> None:
+    model = _graph([("input_ids", TensorProto.INT64, ["b", "s"]), ("seg", TensorProto.INT64, ["b", "s"])])
+    with pytest.raises(ModelError) as info:
+        read_model_inputs(model, Path("m.onnx"))
+    assert str(info.value) == ("cannot tell the role of input seg (b, s) of m.onnx (inputs: input_ids (b, s), seg (b, "
+                               "s)); map it with --model-inputs ROLE=seg (roles: input_ids, attention_mask, "
+                               "token_type_ids, position_ids)")
+    mapped = read_model_inputs(model, Path("m.onnx"), parse_model_inputs("token_type_ids=seg"))
+    assert mapped.roles["token_type_ids"] == "seg"
+    with pytest.raises(ValueError, match="ROLE=NAME pairs with ROLE in input_ids"):
+        parse_model_inputs("segments=seg")
+
+
+def test_a_kv_cache_input_is_refused_by_name() -> None:
+    model = _graph([("input_ids", TensorProto.INT64, ["b", "s"]), ("attention_mask", TensorProto.INT64, ["b", "t"]),
+                    ("past_key_values.0.key", TensorProto.INT64, ["b", "h", "p"]),
+                    ("past_key_values.0.value", TensorProto.INT64, ["b", "h", "p"])])
+    with pytest.raises(ModelError, match=r"takes past key/values \(past_key_values.0.key, past_key_values.0.value\)"):
+        read_model_inputs(model, Path("decoder.onnx"))
+
+
+def test_an_attention_layer_is_not_read_as_a_whole_model() -> None:
+    values = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["b", "l", 8]) for n in ("q", "k", "v")]
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "l", 8])
+    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["q"], ["out"])], "g", values, [out]))
+    assert not takes_token_ids(model)
+
+
+@pytest.mark.parametrize("padding", ["right", "left", "holes"])
+def test_batches_keep_each_items_real_tokens_and_count_positions_over_them(padding: str) -> None:
+    batch = make_batch([3, 0, 5], 7, padding, vocab_size=50, type_vocab_size=2, seed=1)
+    assert batch.real == [3, 0, 5]
+    assert batch.input_ids.shape == (3, 7) and int(batch.input_ids.max()) == 49 and int(batch.input_ids.min()) == 0
+    for i, n in enumerate(batch.real):
+        keep = batch.attention_mask[i].bool()
+        assert batch.position_ids[i][keep].tolist() == list(range(n))
+    alone = batch.item(2, unpadded=True)
+    assert torch.equal(alone.input_ids[0], batch.input_ids[2][batch.attention_mask[2].bool()])
+    with pytest.raises(ValueError, match="item 1 has no real token"):
+        batch.item(1, unpadded=True)
