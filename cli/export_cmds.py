@@ -129,8 +129,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from mha_verify.model_validate import validate_model
 
         return validate_model(args)
-    if args.model_inputs or args.only:
-        return usage_error("--model-inputs and --only are for a whole model taking token ids; "
+    if args.model_inputs or args.only or args.max_examples is not None:
+        return usage_error("--model-inputs, --only and --max-examples are for a whole model taking token ids; "
                            f"{args.model} is an attention layer (map its inputs with --inputs)")
     if args.eager is not None and args.target is None and args.weights is None:
         args.target = args.eager  # a layer's eager model is its --target
@@ -331,4 +331,6 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     va.add_argument("--only", default=None, metavar="CHECK,...",
                     help="a whole model's checks to run: outputs_agree, padding_invariance, batch_independence, "
                     "fully_padded_finite (default all)")
+    va.add_argument("--max-examples", dest="max_examples", type=positive_int, default=None, metavar="N",
+                    help="a whole model's generated batches per check (default: the profile's)")
     va.set_defaults(func=cmd_validate)

@@ -18,9 +18,12 @@ from mha_verify.properties.engine.results import CheckResult
 
 
 def validate_model(args: argparse.Namespace) -> int:
+    from hypothesis import settings as Settings
+
     from mha_verify.properties.engine import profiles
     from mha_verify.properties.model.checks import CHECKS, ModelUnderTest
     from mha_verify.properties.model.eager import load_eager_model
+    from mha_verify.properties.model.graph_blocks import attention_blocks, padding_precondition
     from mha_verify.properties.model.inputs import parse_model_inputs, read_model_inputs
     from mha_verify.properties.model.runner import run_check
     from mha_verify.properties.onnx.model_file import ModelError, load_model
@@ -38,10 +41,13 @@ def validate_model(args: argparse.Namespace) -> int:
             raise ValueError(f"--only names {', '.join(unknown)}, not a whole-model check; choose from "
                              f"{', '.join(CHECKS)}")
         settings = profiles.PROFILES[profiles.profile_name(args.profile)]
+        if args.max_examples is not None:
+            settings = Settings(settings, max_examples=args.max_examples)
         model = load_model(args.model, external_data=False, max_external_bytes=int(args.max_external_data_gb * 2**30))
         inputs = read_model_inputs(model, Path(args.model), parse_model_inputs(args.model_inputs))
         eager = load_eager_model(args.eager)
-        mut = ModelUnderTest(make_session(args.model), inputs, eager)
+        blocks = attention_blocks(model)
+        mut = ModelUnderTest(make_session(args.model), inputs, eager, precondition=padding_precondition(blocks))
         mut.read_claims()
     except (ModelError, TargetError, ValueError, OSError) as exc:
         return usage_error(str(exc))
@@ -53,6 +59,10 @@ def validate_model(args: argparse.Namespace) -> int:
                     f"{eager.max_length}); padding kept by the eager model on: "
                     f"{', '.join(side for side, why in mut.keeps.items() if not why)}"
                     + "".join(f"; not {side}: {why}" for side, why in mut.keeps.items() if why)))
+    print(printable(f"attention blocks in the graph: {len(blocks)}"
+                    + "".join(f"\n  {block.describe()}" for block in blocks)
+                    + ("\n  (no fused attention node: the attention is in plain ONNX ops)" if not blocks else "")
+                    + (f"\n  precondition: {mut.precondition}" if mut.precondition else "")))
     results: list[CheckResult] = []
     for name in only:
         print(f"  [{len(results) + 1}/{len(only)}] running model/{name} ...", file=sys.stderr, flush=True)

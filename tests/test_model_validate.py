@@ -139,3 +139,85 @@ def test_batches_keep_each_items_real_tokens_and_count_positions_over_them(paddi
     assert torch.equal(alone.input_ids[0], batch.input_ids[2][batch.attention_mask[2].bool()])
     with pytest.raises(ValueError, match="item 1 has no real token"):
         batch.item(1, unpadded=True)
+
+
+def _fused_graph(mask_from: str) -> onnx.ModelProto:
+    """onnxruntime's fused BERT shape: EmbedLayerNormalization, then Attention nodes whose mask_index
+    comes from ``mask_from`` ("embed": the embedding's count of real tokens; "reducesum"; "mask": a
+    2-D mask input, MultiHeadAttention's key padding). Read, never run."""
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["b", "s"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT32, ["b", "s"])
+    out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["b", "s", 8])
+    nodes = [helper.make_node("EmbedLayerNormalization", ["input_ids", "", "w", "p", "", "g", "beta", "attention_mask"],
+                              ["emb", "mask_index"], name="EmbedLayerNormalization_0", domain="com.microsoft")]
+    if mask_from == "reducesum":
+        nodes.append(helper.make_node("ReduceSum", ["attention_mask"], ["lengths"], name="ReduceSum_7"))
+    index = {"embed": "mask_index", "reducesum": "lengths", "mask": "attention_mask"}[mask_from]
+    op = "MultiHeadAttention" if mask_from == "mask" else "Attention"
+    inputs = ["emb", "k", "v", "", index] if op == "MultiHeadAttention" else ["emb", "qkv_w", "qkv_b", index]
+    nodes += [helper.make_node(op, inputs, [f"a{i}"], name=f"{op}_{i}", domain="com.microsoft", num_heads=2)
+              for i in range(2)]
+    nodes.append(helper.make_node("Identity", ["a1"], ["last_hidden_state"]))
+    return helper.make_model(helper.make_graph(nodes, "fused", [ids, mask], [out]))
+
+
+@pytest.mark.parametrize(("mask_from", "lengths"), [("embed", True), ("reducesum", True), ("mask", False)])
+def test_fused_attention_blocks_are_found_and_a_mask_read_as_lengths_is_a_precondition(mask_from: str,
+                                                                                        lengths: bool) -> None:
+    from mha_verify.properties.model.graph_blocks import attention_blocks, padding_precondition
+
+    blocks = attention_blocks(_fused_graph(mask_from))
+    assert [b.name for b in blocks] == (["MultiHeadAttention_0", "MultiHeadAttention_1"] if mask_from == "mask"
+                                        else ["Attention_0", "Attention_1"])
+    assert all(b.attributes == {"num_heads": 2} for b in blocks)
+    assert all(b.mask == ("lengths" if lengths else "mask") for b in blocks)
+    said = padding_precondition(blocks)
+    assert bool(said) == lengths
+    if lengths:
+        assert said.startswith("Attention_0, Attention_1 take the attention mask as lengths") and "#4376" in said
+
+
+def test_onnxruntimes_optimizer_on_a_bert_export_is_verified_under_right_padding(tmp_path: Path) -> None:
+    """A tiny random BERT, exported by torch.onnx with eager attention, fused by onnxruntime's
+    transformer optimizer: its Attention nodes read the mask as lengths, so left padding and holes
+    are a precondition finding (measured), and right padding is held to the eager model."""
+    transformers = pytest.importorskip("transformers")
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=37, max_position_embeddings=64)
+    config._attn_implementation = "eager"  # the pattern onnxruntime's optimizer fuses
+    model = transformers.BertModel(config).eval()
+    model.save_pretrained(tmp_path / "bert")
+
+    class Plain(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return out.last_hidden_state, out.pooler_output
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes.update(last_hidden_state={0: "batch", 1: "sequence"}, pooler_output={0: "batch"})
+    ids = torch.randint(0, 99, (2, 7))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Plain(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(tmp_path / "bert.onnx"),
+                          input_names=names, output_names=["last_hidden_state", "pooler_output"], dynamic_axes=axes,
+                          opset_version=17, dynamo=False)
+    fused = optimize_model(str(tmp_path / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=32)
+    fused.save_model_to_file(str(tmp_path / "fused.onnx"))
+    done = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(tmp_path / "fused.onnx"),
+                           "--eager", str(tmp_path / "bert"), "--profile", "ci", "--max-examples", "40"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Attention_0 (com.microsoft.Attention; num_heads 4; the mask as lengths" in done.stdout
+    verdicts = _verdicts(done.stdout)
+    assert verdicts["padding_invariance"] == verdicts["batch_independence"] == "ok", done.stdout
+    assert "outside a documented precondition" in done.stdout, done.stdout

@@ -21,6 +21,9 @@ KINDS: dict[str, str] = {
     "unspecified": "unspecified by its library",
     # an argument its forward takes and, by its own source, does not use
     "ignored": "argument accepted and ignored",
+    # an input outside a precondition the tool that made the model documents (onnxruntime's fused
+    # attention reads the mask as lengths: right padding only), measured and said
+    "precondition": "outside a documented precondition",
 }
 
 

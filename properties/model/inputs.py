@@ -38,6 +38,7 @@ class ModelInputs:
 
     roles: dict[str, str]
     outputs: tuple[str, ...]
+    sequence: frozenset[str] = frozenset()  # the outputs with a position axis (B, L, ...)
 
     def describe(self) -> str:
         return ", ".join(f"{role} <- {name}" for role, name in self.roles.items())
@@ -114,4 +115,19 @@ def read_model_inputs(model: onnx.ModelProto, path: Path, mapping: dict[str, str
             raise ModelError(f"input {name} {_dims(v)} of {path.name} is read as {role}, which is an int32 or int64 "
                              "tensor (B, L); map the roles with --model-inputs")
     ordered = {r: roles[r] for r in ROLES if r in roles}
-    return ModelInputs(ordered, tuple(o.name for o in model.graph.output))
+    length_axis = by_name[roles["input_ids"]].type.tensor_type.shape.dim[1]
+    return ModelInputs(ordered, tuple(o.name for o in model.graph.output),
+                       frozenset(o.name for o in model.graph.output if _has_position_axis(o, length_axis)))
+
+
+def _has_position_axis(output: onnx.ValueInfoProto, length: onnx.TensorShapeProto.Dimension) -> bool:
+    """Whether ``output``'s axis 1 is the token ids' length: the same named axis; a graph that names
+    neither (no shape information) has one where the output's rank is 3 or more."""
+    dims = output.type.tensor_type.shape.dim
+    if len(dims) < 2:
+        return False
+    if length.dim_param and dims[1].dim_param:
+        return dims[1].dim_param == length.dim_param
+    if dims[1].HasField("dim_value"):
+        return False  # a fixed axis (a pooled output's width) is no length
+    return len(dims) >= 3

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given
 from hypothesis import settings as Settings
+from hypothesis.errors import Flaky
 
 from mha_verify.properties.engine.measure import Measure, Violation
-from mha_verify.properties.engine.results import CheckResult
+from mha_verify.properties.engine.results import KINDS, CheckResult
 from mha_verify.properties.model.batches import PADDING, Batch, batches
 from mha_verify.properties.model.checks import CHECKS, ModelUnderTest
 
@@ -37,12 +38,13 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
     """Check ``name`` of :data:`CHECKS` on ``mut`` over the batches ``settings`` allows."""
     check = CHECKS[name]
     stats = _Stats()
-    sides = tuple(side for side in PADDING if name != "padding_invariance" or mut.keeps.get(side, "") == "")
+    sides = tuple(side for side in PADDING if name != "padding_invariance" or not mut.claims(side))
     strategy = batches(mut.eager.vocab_size, mut.eager.max_length, mut.eager.type_vocab_size, padding=sides)
     start = time.perf_counter()
 
-    @Settings(settings, suppress_health_check=[*settings.suppress_health_check, HealthCheck.filter_too_much,
-                                               HealthCheck.data_too_large])
+    @Settings(settings, report_multiple_bugs=False,  # one failure, the one shrunk last, is the verdict
+              suppress_health_check=[*settings.suppress_health_check, HealthCheck.filter_too_much,
+                                     HealthCheck.data_too_large])
     @given(strategy)
     def search(batch: Batch) -> None:
         stats.examples += 1
@@ -68,14 +70,21 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
         assert stats.failing is not None
         return CheckResult(name, STAGE, "fail", examples=stats.examples, reason=stats.message,
                            counterexample=stats.failing.describe(), seconds=time.perf_counter() - start)
+    except Flaky:  # a batch that failed once and passed when run again: the model is not deterministic
+        return CheckResult(name, STAGE, "fail", examples=stats.examples, seconds=time.perf_counter() - start,
+                           reason=f"a batch failed, then passed when run again (not deterministic): {stats.message}",
+                           counterexample=None if stats.failing is None else stats.failing.describe())
     seconds = time.perf_counter() - start
-    unclaimed = [f"{side}: {why}" for side, why in mut.keeps.items() if why] if name == "padding_invariance" else []
+    unclaimed = [f"{side}: {mut.claims(side)}" for side in PADDING if mut.claims(side)] \
+        if name == "padding_invariance" else []
     if stats.checked == 0:
         return CheckResult(name, STAGE, "n/a", examples=stats.examples, seconds=seconds,
                            reason="no generated batch held anything this check compares"
                            + (f" ({'; '.join(unclaimed)})" if unclaimed else ""))
-    if stats.findings:
-        kind, evidence = next(iter(stats.findings.items()))
+    if stats.findings:  # each kind said; the result's kind is the first seen
+        kind = next(iter(stats.findings))
+        evidence = stats.findings[kind] if len(stats.findings) == 1 else " | ".join(
+            f"{KINDS[k]}: {text}" for k, text in stats.findings.items())
         return CheckResult(name, STAGE, "finding", examples=stats.checked, worst_error=stats.worst,
                            allowed=stats.allowed, seconds=seconds, reason=evidence, kind=kind)
     return CheckResult(name, STAGE, "pass", examples=stats.checked, worst_error=stats.worst, allowed=stats.allowed,
