@@ -45,7 +45,7 @@ class Block:
 def attention_blocks(model: onnx.ModelProto) -> list[Block]:
     """Every attention node of ``model``'s main graph, in graph order."""
     producers = {out: node for node in model.graph.node for out in node.output}
-    blocks = []
+    blocks: list[Block] = []
     for node in model.graph.node:
         domain = node.domain if node.domain != "ai.onnx" else ""
         if node.op_type not in ATTENTION_OPS or (domain, node.op_type) not in _MASK_INPUT:
