@@ -50,3 +50,15 @@ def test_a_length_one_axis_broadcast_by_einsum_is_inherited_and_a_truncation_sti
     result = run_property(all_properties()["lk_equals_lv"], load_target("tests/mutants.py:TruncatesLongerValues"),
                           settings=PROFILES["quick"], seed=0)
     assert result.verdict == "fail", result
+
+
+def test_a_rotary_child_the_oracle_does_not_read_is_refused_by_name() -> None:
+    """labml's rotary subclasses rotate through parameter-free children: judged as plain attention they
+    failed every property; refused at load, naming the children."""
+    import pytest
+
+    from mha_verify.properties.protocol import TargetError
+
+    with pytest.raises(TargetError, match=r"a rotary or positional embedding of its own \(query_rotary_pe: "
+                                          r"RotaryPositions, key_rotary_pe: RotaryPositions\)"):
+        load_target(FIXTURE + "BatchLastRotary").build(8, 2).conventions  # noqa: B018

@@ -60,3 +60,21 @@ def test_fairseqs_shared_mask_is_one_mask_for_every_item() -> None:
 def test_a_source_that_says_nothing_leaves_sdpas_convention() -> None:
     reading = _read("out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)", "attn_mask")
     assert reading.kind is None and reading.layout is None and not reading.how
+
+
+def test_a_row_maximum_subtracted_for_stability_is_no_guard_but_one_compared_is() -> None:
+    """memory-efficient-attention's chunks subtract ``weight.amax(...)`` and fill with -finfo.max: a fully
+    masked row gives uniform weights (it was read as guarded, so as zeros: six false FAILs)."""
+    fill = "weight = weight.masked_fill(~mask, -torch.finfo(weight.dtype).max)\n"
+    stable = fill + "weight_max = weight.amax(dim = -1, keepdim = True).detach()\nweight = weight - weight_max"
+    assert _read(stable).fully_masked == "uniform"
+    guarded = fill + "has_key = weight.amax(dim=-1, keepdim=True) > float('-inf')"
+    assert _read(guarded).fully_masked is None
+
+
+def test_batch_last_masks_and_zero_tests_are_read() -> None:
+    """labml: ``mask.shape[2] == 1 or mask.shape[2] == query_shape[1]`` (batch last) and
+    ``masked_fill(mask == 0, ...)``, which reads a float mask as 0/1: bool only."""
+    reading = _read("assert mask.shape[2] == 1 or mask.shape[2] == query_shape[1]\n"
+                    "scores = scores.masked_fill(mask == 0, float('-inf'))")
+    assert (reading.kind, reading.layout, reading.takes) == ("keep", "LLB", frozenset({"bool"}))

@@ -92,7 +92,10 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
 _FINITE_FILL = re.compile(r"-\s*torch\.finfo\([^)]*\)\.max|torch\.finfo\([^)]*\)\.min|-\s*1e\+?\d+\b|-\s*10000\b")
 #: a source that deals with rows left without a key itself (``nan_to_num``, a ``has_key`` test on the row's
 #: maximum): what such a row gives is not the fill's to say
-_GUARDED = re.compile(r"nan_to_num|\.amax\(|isinf\(|isfinite\(|isnan\(|\.all\(\s*dim\s*=\s*-1")
+#: (a row maximum subtracted for stability, ``weight - weight.amax(...)``, guards nothing: only one
+#: compared, ``amax(...) > -inf``, is a has-key test)
+_GUARDED = re.compile(r"nan_to_num|\.amax\([^()]*(?:\([^()]*\)[^()]*)*\)\s*(?:[<>]=?|==|!=)|\bhas_key\b"
+                      r"|isinf\(|isfinite\(|isnan\(|\.all\(\s*dim\s*=\s*-1")
 _INF_FILL = re.compile(r"float\(\s*['\"]-inf['\"]\s*\)|-\s*(?:np|numpy|math|torch)\.inf\b|-\s*float\(\s*['\"]inf")
 
 

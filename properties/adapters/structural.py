@@ -110,6 +110,22 @@ def _pre_norm_note(pre: PreNorms, context: str | None) -> str:
             f"{context_norm.describe().replace(' over all heads', ' over D')}), applied by the oracle")
 
 
+#: a child computing positions of its own: rotary embeddings, positional encodings
+_POSITIONAL = re.compile(r"rotary|rope|positional|posemb|pos_?enc", re.IGNORECASE)
+
+
+def _own_positional(module: nn.Module) -> str:
+    """The rotary or positional embeddings a layer of a library the harness has no facts about computes
+    with children of its own that its forward calls (``self.query_rotary_pe(query)``), in words; ""
+    where it has none."""
+    if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
+        return ""
+    text = "\n".join(source for _, source in forward_sources(module))
+    found = [f"{name}: {type(child).__name__}" for name, child in module.named_children()
+             if _POSITIONAL.search(type(child).__name__) and re.search(rf"\bself\.{re.escape(name)}\(", text)]
+    return f"a rotary or positional embedding of its own ({', '.join(found)})" if found else ""
+
+
 class StructuralAdapter(Adapter):
     """Calls a layer by the names of its forward's parameters and its library's mask format.
 
@@ -144,6 +160,12 @@ class StructuralAdapter(Adapter):
             raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
                              f"{describe_steps(module, extra, heads)}, so it cannot be verified yet (a gate, a "
                              "learned scale, attention sinks, a convolution are refused the same way)")
+        if not sig.rotary:
+            positional = _own_positional(module)
+            if positional:  # labml's query_rotary_pe: a rotation the oracle does not read, a false FAIL
+                raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
+                                 f"{positional}, so it cannot be verified yet (declare a rotary the oracle reads, or "
+                                 "write an adapter)")
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
         if fully_masked == "uniform" and causal and own_causal_mask(module):
