@@ -181,40 +181,10 @@ def test_onnxruntimes_optimizer_on_a_bert_export_is_verified_under_right_padding
     """A tiny random BERT, exported by torch.onnx with eager attention, fused by onnxruntime's
     transformer optimizer: its Attention nodes read the mask as lengths, so left padding and holes
     are a precondition finding (measured), and right padding is held to the eager model."""
-    transformers = pytest.importorskip("transformers")
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=37, max_position_embeddings=64)
-    config._attn_implementation = "eager"  # the pattern onnxruntime's optimizer fuses
-    model = transformers.BertModel(config).eval()
-    model.save_pretrained(tmp_path / "bert")
-
-    class Plain(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = model
-
-        def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
-            out = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-            return out.last_hidden_state, out.pooler_output
-
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    axes.update(last_hidden_state={0: "batch", 1: "sequence"}, pooler_output={0: "batch"})
-    ids = torch.randint(0, 99, (2, 7))
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(Plain(), (ids, torch.ones_like(ids), torch.zeros_like(ids)), str(tmp_path / "bert.onnx"),
-                          input_names=names, output_names=["last_hidden_state", "pooler_output"], dynamic_axes=axes,
-                          opset_version=17, dynamo=False)
-    fused = optimize_model(str(tmp_path / "bert.onnx"), model_type="bert", num_heads=4, hidden_size=32)
-    fused.save_model_to_file(str(tmp_path / "fused.onnx"))
-    done = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(tmp_path / "fused.onnx"),
-                           "--eager", str(tmp_path / "bert"), "--profile", "ci", "--max-examples", "40"],
+    pytest.importorskip("transformers")
+    folder, _, fused = token_models.tiny_bert(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(fused), "--eager", str(folder),
+                           "--profile", "ci", "--max-examples", "40"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Attention_0 (com.microsoft.Attention; num_heads 4; the mask as lengths" in done.stdout

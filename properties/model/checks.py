@@ -91,10 +91,11 @@ class ModelUnderTest:
         return {k: v for k, v in outputs.items() if k in self.inputs.sequence}
 
     def real(self, name: str, value: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Where output ``name`` is a real token's: (B, L, ...) at real positions, (B, ...) of items
-        with one; a bool tensor of ``value``'s shape."""
+        """Where output ``name`` is a real token's: (B, L, ...) at real positions; a pooled (B, ...) of
+        items whose first token is real (HF's poolers read token 0, a pad under left padding); a bool
+        tensor of ``value``'s shape."""
         mask = batch.attention_mask.bool()
-        where = mask if name in self.inputs.sequence else mask.any(dim=1)
+        where = mask if name in self.inputs.sequence else mask[:, 0]
         return where.reshape(*where.shape, *(1,) * (value.dim() - where.dim())).expand_as(value)
 
 

@@ -76,7 +76,7 @@ def load_eager_model(spec: str) -> EagerModel:
         obj = load_attr(spec)
         try:
             model = obj() if callable(obj) else obj
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a factory that exits is a usage error, not our exit
             raise TargetError(f"calling {spec} with no arguments raised {type(exc).__name__}: {exc}") from None
         source = spec
     if not isinstance(model, nn.Module):

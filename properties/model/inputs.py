@@ -17,6 +17,7 @@ from pathlib import Path
 
 import onnx
 
+from mha_verify.properties.onnx.interface import parse_role_map
 from mha_verify.properties.onnx.model_file import ModelError
 
 ROLES = ("input_ids", "attention_mask", "token_type_ids", "position_ids")
@@ -67,17 +68,7 @@ def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def parse_model_inputs(text: str | None) -> dict[str, str]:
     """``"input_ids=ids,attention_mask=m"`` -> {"input_ids": "ids", ...}; ValueError naming a bad part."""
-    if not text:
-        return {}
-    out: dict[str, str] = {}
-    for part in text.split(","):
-        role, sep, name = (s.strip() for s in part.partition("="))
-        if not sep or role not in ROLES or not name:
-            raise ValueError(f"--model-inputs takes ROLE=NAME pairs with ROLE in {', '.join(ROLES)}, got {part!r}")
-        if role in out:
-            raise ValueError(f"--model-inputs names role {role} twice ({out[role]!r} and {name!r})")
-        out[role] = name
-    return out
+    return parse_role_map(text, ROLES, "--model-inputs")
 
 
 def read_model_inputs(model: onnx.ModelProto, path: Path, mapping: dict[str, str] | None = None) -> ModelInputs:

@@ -194,16 +194,22 @@ class Interface:
 
 def parse_input_map(text: str | None) -> dict[str, str]:
     """``"q=query,k=key,v=value,mask=attn_mask"`` -> {"q": "query", ...}; ValueError naming bad parts."""
+    return parse_role_map(text, ROLES, "--inputs")
+
+
+def parse_role_map(text: str | None, roles: tuple[str, ...], flag: str) -> dict[str, str]:
+    """``"ROLE=NAME,..."`` given to ``flag`` -> {role: name}, each role one of ``roles``; ValueError naming
+    the bad part."""
     if not text:
         return {}
     out: dict[str, str] = {}
     for part in text.split(","):
         role, sep, name = part.partition("=")
         role, name = role.strip(), name.strip()
-        if not sep or role not in ROLES or not name:
-            raise ValueError(f"--inputs takes ROLE=NAME pairs with ROLE in {', '.join(ROLES)}, got {part!r}")
+        if not sep or role not in roles or not name:
+            raise ValueError(f"{flag} takes ROLE=NAME pairs with ROLE in {', '.join(roles)}, got {part!r}")
         if role in out:
-            raise ValueError(f"--inputs names role {role} twice ({out[role]!r} and {name!r})")
+            raise ValueError(f"{flag} names role {role} twice ({out[role]!r} and {name!r})")
         out[role] = name
     return out
 
