@@ -42,6 +42,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {}
     for name, factory, positions in (("encoder", token_models.encoder, False),
                                      ("mask_dropped", token_models.mask_dropped, False),
+                                     ("finfo_min_mask", token_models.finfo_min_mask, False),
                                      ("mask_positions", token_models.mask_positions, False),
                                      ("positions_off_by_one", token_models.positions_off_by_one, False)):
         out[name] = folder / f"{name}.onnx"
@@ -191,3 +192,14 @@ def test_onnxruntimes_optimizer_on_a_bert_export_is_verified_under_right_padding
     verdicts = _verdicts(done.stdout)
     assert verdicts["padding_invariance"] == verdicts["batch_independence"] == "ok", done.stdout
     assert "outside a documented precondition" in done.stdout, done.stdout
+
+
+def test_a_fully_padded_item_that_differs_fails_where_nothing_declares_padding(exported: dict[str, Path]) -> None:
+    """A graph whose fully padded items average every key where the eager model's SDPA gives zeros
+    (what torch.onnx's dynamo exporter does at opset 20; onnxscript#2479 made the export match aten's
+    behaviour, so its maintainers hold it a bug). The plain-torch eager model declares nothing of its
+    padded rows, so this fails; only a transformers model's would be unspecified by its library."""
+    done = _validate(exported["finfo_min_mask"], "encoder", "--only", "outputs_agree,fully_padded_finite")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "last_hidden_state at fully padded items, onnxruntime vs the eager model" in done.stdout, done.stdout
+    assert _verdicts(done.stdout)["fully_padded_finite"] == "ok"

@@ -36,6 +36,10 @@ from mha_verify.properties.model.inputs import ModelInputs
 _NP_INT = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
 
+class ModelRaised(Exception):  # noqa: N818 -- a verdict on the model, as Violation is
+    """onnxruntime or the eager model raised on a batch: the model's failure, named with where."""
+
+
 @dataclass
 class ModelUnderTest:
     """An onnxruntime session on the export, its input roles, and the eager model it came from.
@@ -59,13 +63,20 @@ class ModelUnderTest:
         types = {i.name: _NP_INT.get(i.type, np.int64) for i in self.session.get_inputs()}
         feed = {name: t.numpy().astype(types.get(name, np.int64))
                 for name, t in batch.inputs(self.inputs.roles).items()}
-        out = self.session.run(list(self.inputs.outputs), feed)
+        try:
+            out = self.session.run(list(self.inputs.outputs), feed)
+        except Exception as exc:
+            raise ModelRaised(f"onnxruntime raised {type(exc).__name__}: {_first_line(exc)}") from None
         return {name: torch.from_numpy(np.asarray(v)).double()
                 for name, v in zip(self.inputs.outputs, out, strict=True)}
 
     def eager_run(self, batch: Batch, *, exact: bool) -> dict[str, torch.Tensor]:
         roles = {role: getattr(batch, role) for role in self.inputs.roles}
-        return self.eager.run(roles, self.inputs.outputs, exact=exact)
+        try:
+            return self.eager.run(roles, self.inputs.outputs, exact=exact)
+        except Exception as exc:
+            raise ModelRaised(f"the eager model ({'float64' if exact else 'float32'}) raised {type(exc).__name__}: "
+                              f"{_first_line(exc)}") from None
 
     def read_claims(self, seed: int = 0) -> None:
         """Which padding sides the eager model keeps real tokens' outputs on, in float64, on a probe
@@ -79,7 +90,7 @@ class ModelUnderTest:
                 alone = self.eager_run(probe.item(i, unpadded=True), exact=True)
                 for name, value in self.sequence_outputs(padded).items():
                     keep = probe.attention_mask[i].bool()
-                    worst = max(worst, float((value[i][keep] - alone[name][0]).abs().max()))
+                    worst = max(worst, _max(value[i][keep] - alone[name][0]))
             self.keeps[side] = "" if worst <= 1e-9 else (
                 f"the eager model itself changes real tokens' outputs by up to {worst:.3g} under {side} padding "
                 "(absolute positions, counted over padding): it claims right padding only")
@@ -97,6 +108,15 @@ class ModelUnderTest:
         mask = batch.attention_mask.bool()
         where = mask if name in self.inputs.sequence else mask[:, 0]
         return where.reshape(*where.shape, *(1,) * (value.dim() - where.dim())).expand_as(value)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0][:300]
+
+
+def _max(t: torch.Tensor) -> float:
+    """max of |t|, 0 for an empty selection (a pooled output of an item whose first token is a pad)."""
+    return float(t.abs().max()) if t.numel() else 0.0
 
 
 def _allowed(oracle: torch.Tensor, same: torch.Tensor, extra: float = 0.0) -> float:
@@ -125,15 +145,29 @@ def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
                 raise Violation(f"{name} at real tokens, onnxruntime vs the eager model in float64: {comparison}",
                                 comparison.error, comparison.allowed)
             worst, allowed = max(worst, comparison.error), min(allowed, comparison.allowed)
-        pad = ~real
-        if bool(pad.any()) and padded_note is None:
+        for where, pad in _padding(mut, name, exact[name], batch).items():
+            if not bool(pad.any()) or padded_note is not None:
+                continue
             off = compare(got[name][pad], exact[name][pad], same[name][pad], torch.float32)
-            if not off.ok:
-                padded_note = (f"{name} differs from the eager model at padding (padded positions and fully padded "
-                               f"items), {off}; transformers leaves padded rows unspecified, so it is no failure")
+            if off.ok:
+                continue
+            if not mut.eager.padding_unspecified:  # the eager model's own library declares nothing: held
+                raise Violation(f"{name} at {where}, onnxruntime vs the eager model in float64: {off}", off.error,
+                                off.allowed)
+            padded_note = (f"{name} differs from the eager model at {where}, {off}; "
+                           f"{mut.eager.padding_unspecified}, so it is no failure")
     if not math.isfinite(allowed):
         return UNCHECKED
     return Measure(worst, allowed, finding=None if padded_note is None else ("unspecified", padded_note))
+
+
+def _padding(mut: ModelUnderTest, name: str, value: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
+    """Where output ``name`` is not a real token's, in two places: padded positions (and pooled outputs
+    read at a pad) of items with real tokens, and whole fully padded items; bool tensors of
+    ``value``'s shape."""
+    real = mut.real(name, value, batch)
+    empty = (batch.attention_mask.sum(dim=1) == 0).reshape(-1, *(1,) * (value.dim() - 1)).expand_as(value)
+    return {"padded positions of items with real tokens": ~real & ~empty, "fully padded items": empty}
 
 
 def padding_invariance(mut: ModelUnderTest, batch: Batch) -> Measure:
@@ -150,8 +184,8 @@ def padding_invariance(mut: ModelUnderTest, batch: Batch) -> Measure:
             mut.eager_run(alone_batch, exact=False)
         keep = batch.attention_mask[i].bool()
         for name, value in mut.sequence_outputs(padded).items():
-            error = float((value[i][keep] - alone[name][0]).abs().max())
-            extra = float((alone_same[name] - alone_exact[name]).abs().max())
+            error = _max(value[i][keep] - alone[name][0])
+            extra = _max(alone_same[name] - alone_exact[name])
             limit = _allowed(padded_exact[name][i][keep], padded_same[name][i][keep], extra)
             if not error <= limit:
                 raise Violation(f"{name} of item {i} ({n} real tokens, {batch.padding} padding to "
@@ -172,9 +206,11 @@ def batch_independence(mut: ModelUnderTest, batch: Batch) -> Measure:
         alone = mut.ort(batch.item(i))
         for name, value in together.items():
             real = mut.real(name, value, batch)[i]
-            error = float((value[i][real] - alone[name][0][real]).abs().max())
-            limit = _allowed(exact[name][i][real], same[name][i][real], float((same[name][i][real]
-                                                                                 - exact[name][i][real]).abs().max()))
+            if not bool(real.any()):
+                continue  # a pooled output read at a pad
+            error = _max(value[i][real] - alone[name][0][real])
+            oracle, ref = exact[name][i][real], same[name][i][real]
+            limit = _allowed(oracle, ref, _max(ref - oracle))
             if not error <= limit:
                 raise Violation(f"{name} of item {i} computed alone vs in a batch of {batch.input_ids.shape[0]}: "
                                 f"max difference {error:.3g} > allowed {limit:.3g}", error, limit)

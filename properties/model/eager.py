@@ -36,6 +36,14 @@ class EagerModel:
     type_vocab_size: int
     source: str
 
+    @property
+    def padding_unspecified(self) -> str:
+        """Why the outputs at padding are don't-care ("" where nothing says so): transformers' models
+        leave padded rows, and whole padded items, unspecified."""
+        if type(self.same).__module__.split(".")[0] == "transformers":
+            return "transformers leaves padded rows unspecified"
+        return ""
+
     def run(self, inputs: dict[str, torch.Tensor], names: tuple[str, ...], *, exact: bool) -> dict[str, torch.Tensor]:
         """The outputs named ``names`` (the graph's), each a float64 tensor, from one call by keyword."""
         model = self.exact if exact else self.same

@@ -18,7 +18,7 @@ from hypothesis.errors import Flaky
 from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.results import KINDS, CheckResult
 from mha_verify.properties.model.batches import PADDING, Batch, batches
-from mha_verify.properties.model.checks import CHECKS, ModelUnderTest
+from mha_verify.properties.model.checks import CHECKS, ModelRaised, ModelUnderTest
 
 STAGE = "model"
 
@@ -50,13 +50,9 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
         stats.examples += 1
         try:
             measure: Measure = check(mut, batch)
-        except Violation as exc:
-            stats.failing, stats.message = batch, str(exc)
-            raise
-        except Exception as exc:
-            stats.failing = batch
-            stats.message = f"the model raised {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-            raise Violation(stats.message) from None
+        except (Violation, ModelRaised) as exc:  # a verdict on the model (an exception of the check's own
+            stats.failing, stats.message = batch, str(exc)  # code is the harness's: it ends the search)
+            raise Violation(str(exc)) from None
         if measure.checked:
             stats.checked += 1
             stats.worst = max(stats.worst, measure.error)
@@ -74,6 +70,10 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
         return CheckResult(name, STAGE, "fail", examples=stats.examples, seconds=time.perf_counter() - start,
                            reason=f"a batch failed, then passed when run again (not deterministic): {stats.message}",
                            counterexample=None if stats.failing is None else stats.failing.describe())
+    except Exception as exc:  # raised by the check's own code or by Hypothesis: never the model's verdict
+        return CheckResult(name, STAGE, "warn", examples=stats.examples, seconds=time.perf_counter() - start,
+                           reason=f"not the model's: mha-verify's check raised {type(exc).__name__}: "
+                                  f"{(str(exc).strip().splitlines() or [''])[0][:300]} (nothing was checked after it)")
     seconds = time.perf_counter() - start
     unclaimed = [f"{side}: {mut.claims(side)}" for side in PADDING if mut.claims(side)] \
         if name == "padding_invariance" else []
