@@ -136,3 +136,33 @@ def test_a_layer_with_a_point_batch_axis_is_built_at_full_width_and_called_with_
     assert "downsample_rate=1" in target.built_as
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples >= 10, result
+
+
+def test_a_constructor_wrapped_without_functools_wraps_is_read_through_its_closure() -> None:
+    """transformers 5.25 with the ``kernels`` package decorates LlamaAttention so that its ``__init__``
+    is ``new_init(self, *args, **kwargs)``: read as such, the layer was built as LlamaAttention(8, 2)."""
+    import inspect
+
+    from torch import nn
+
+    from mha_verify.properties.adapters.construction import constructor_signature, plans
+
+    def kernelized(cls):  # type: ignore[no-untyped-def]
+        init = cls.__init__
+
+        def new_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            init(self, *args, **kwargs)
+
+        cls.__init__ = new_init
+        return cls
+
+    @kernelized
+    class Wrapped(nn.Module):
+        def __init__(self, hidden_size: int, num_heads: int, layer_idx: int) -> None:
+            super().__init__()
+            self.sizes = (hidden_size, num_heads, layer_idx)
+
+    assert list(inspect.signature(Wrapped).parameters) == ["args", "kwargs"]
+    assert list(constructor_signature(Wrapped).parameters) == ["hidden_size", "num_heads", "layer_idx"]
+    plan = plans(Wrapped)[0]
+    assert not plan.positional and plan.build(8, 2).sizes == (8, 2, 0)

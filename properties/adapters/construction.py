@@ -248,10 +248,30 @@ class Construction:
         return f"{self.cls.__name__}({', '.join(args)})"
 
 
+def constructor_signature(cls: type) -> inspect.Signature:
+    """``cls``'s constructor signature, through a class decorator that wrapped ``__init__`` as
+    ``(*args, **kwargs)`` without ``functools.wraps`` (transformers 5.25's ``use_kernelized_func``
+    where the ``kernels`` package is installed): the ``__init__`` of the class it closes over."""
+    signature = inspect.signature(cls)
+    kinds = {p.kind for p in signature.parameters.values()}
+    if kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+        init = vars(cls).get("__init__")
+        own = f"{cls.__qualname__}.__init__"
+        for cell in getattr(init, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if inspect.isfunction(inner) and inner.__qualname__ == own:
+                params = list(inspect.signature(inner).parameters.values())[1:]  # without self
+                return inspect.Signature(params)
+    return signature
+
+
 def plans(cls: type) -> list[Construction]:
     """The ways to build ``cls``, to be tried in order (one per candidate config class)."""
     try:
-        params = [p for p in inspect.signature(cls).parameters.values()
+        params = [p for p in constructor_signature(cls).parameters.values()
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     except (TypeError, ValueError):
         return [Construction(cls, positional=True)]
