@@ -203,3 +203,12 @@ def test_a_fully_padded_item_that_differs_fails_where_nothing_declares_padding(e
     assert done.returncode == 1, done.stdout + done.stderr
     assert "last_hidden_state at fully padded items, onnxruntime vs the eager model" in done.stdout, done.stdout
     assert _verdicts(done.stdout)["fully_padded_finite"] == "ok"
+
+
+def test_a_half_precision_model_is_refused_until_its_allowance_is_derived() -> None:
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["b", "s"])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT16, ["b", "s", 4])
+    node = helper.make_node("Cast", ["input_ids"], ["logits"], to=TensorProto.FLOAT16)
+    model = helper.make_model(helper.make_graph([node], "g", [ids], [out]))
+    with pytest.raises(ModelError, match="computes logits in half precision: validating a float16"):
+        read_model_inputs(model, Path("fp16.onnx"))

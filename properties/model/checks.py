@@ -93,8 +93,8 @@ class ModelUnderTest:
                     worst = max(worst, _max(value[i][keep] - alone[name][0]))
             self.keeps[side] = "" if worst <= 1e-9 else (
                 f"the eager model itself changes real tokens' outputs by up to {worst:.3g} under {side} padding "
-                "(absolute positions, counted over padding): it claims right padding only")
-
+                "(its positions count the padding, as absolute position embeddings do): it claims right padding "
+                "only")
 
     def sequence_outputs(self, outputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The outputs with a position axis, (B, L, ...) (read from the graph: a pooled (B, D) output
