@@ -99,6 +99,11 @@ def examples_for(
     if (conv.rotary is not None or conv.head_dim_multiple > 1) and conv.sizes is None:  # only head widths it takes
         m = math.lcm(conv.head_dim_multiple, conv.rotary.head_dim_multiple() if conv.rotary is not None else 1)
         shapes = shapes.map(lambda s: s._replace(d_model=s.n_head * max(m, -(-s.head_dim // m) * m)))
+    if conv.sizes is None and any(n is not None and n.kind == "layer" for n in (conv.input_norm, conv.context_norm)):
+        # a LayerNorm over one feature gives its bias whatever the input: the layer would compute nothing
+        # of it, and with a zero bias q = k = 0, where a QK-norm (F.normalize) is not differentiable
+        # (na-vit's gradcheck failed there): D >= 2
+        shapes = shapes.map(lambda s: s._replace(d_model=2) if s.d_model == 1 else s)
     if not conv.cross_attention:
         shapes = shapes.map(lambda s: s._replace(lk=s.lq))
     masks: st.SearchStrategy[MaskSpec] = mask_specs(kinds=kinds, forms=forms, conventions=conventions or ("bool",))
