@@ -77,15 +77,15 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
     seconds = time.perf_counter() - start
     unclaimed = [f"{side}: {mut.claims(side)}" for side in PADDING if mut.claims(side)] \
         if name == "padding_invariance" else []
-    if stats.checked == 0:
-        return CheckResult(name, STAGE, "n/a", examples=stats.examples, seconds=seconds,
-                           reason="no generated batch held anything this check compares"
-                           + (f" ({'; '.join(unclaimed)})" if unclaimed else ""))
     if stats.findings:  # each kind said; the result's kind is the first seen
         kind = next(iter(stats.findings))
         evidence = stats.findings[kind] if len(stats.findings) == 1 else " | ".join(
             f"{KINDS[k]}: {text}" for k, text in stats.findings.items())
         return CheckResult(name, STAGE, "finding", examples=stats.checked, worst_error=stats.worst,
                            allowed=stats.allowed, seconds=seconds, reason=evidence, kind=kind)
+    if stats.checked == 0:
+        return CheckResult(name, STAGE, "n/a", examples=stats.examples, seconds=seconds,
+                           reason="no generated batch held anything this check compares"
+                           + (f" ({'; '.join(unclaimed)})" if unclaimed else ""))
     return CheckResult(name, STAGE, "pass", examples=stats.checked, worst_error=stats.worst, allowed=stats.allowed,
                        seconds=seconds, reason="; ".join(unclaimed) or None)
