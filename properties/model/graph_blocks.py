@@ -18,7 +18,7 @@ import onnx
 from onnx import helper
 
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
-_ATTRIBUTES = ("num_heads", "q_num_heads", "kv_num_heads", "kv_num_heads", "scale", "mask_filter_value",
+_ATTRIBUTES = ("num_heads", "q_num_heads", "kv_num_heads", "scale", "mask_filter_value",
                "unidirectional", "do_rotary", "qkv_hidden_sizes", "is_causal")
 #: the input of each fused op that carries the mask, and the producers that make it lengths
 _MASK_INPUT = {("com.microsoft", "Attention"): 3, ("com.microsoft", "MultiHeadAttention"): 4,
