@@ -21,11 +21,15 @@ def validate_model(args: argparse.Namespace) -> int:
     from hypothesis import settings as Settings
 
     from mha_verify.properties.engine import profiles
-    from mha_verify.properties.model.checks import CHECKS, ModelUnderTest
+    from mha_verify.properties.model.checks import ModelUnderTest
     from mha_verify.properties.model.eager import load_eager_model
-    from mha_verify.properties.model.graph_blocks import attention_blocks, padding_precondition
+    from mha_verify.properties.model.graph_blocks import (
+        attention_blocks,
+        padding_precondition,
+        tokens_precondition,
+    )
     from mha_verify.properties.model.inputs import parse_model_inputs, read_model_inputs
-    from mha_verify.properties.model.runner import run_check
+    from mha_verify.properties.model.runner import CHECKS, run_check
     from mha_verify.properties.onnx.model_file import ModelError, load_model
     from mha_verify.properties.onnx.ort_target import make_session
     from mha_verify.properties.protocol import TargetError
@@ -47,7 +51,9 @@ def validate_model(args: argparse.Namespace) -> int:
         inputs = read_model_inputs(model, Path(args.model), parse_model_inputs(args.model_inputs))
         eager = load_eager_model(args.eager)
         blocks = attention_blocks(model)
-        mut = ModelUnderTest(make_session(args.model), inputs, eager, precondition=padding_precondition(blocks))
+        mut = ModelUnderTest(make_session(args.model), inputs, eager, precondition=padding_precondition(blocks),
+                             needs_tokens=tokens_precondition(blocks))
+        mut.empty_cache(1)  # a decoder's cache sizes are known before any check runs
         mut.read_claims()
     except (ModelError, TargetError, ValueError, OSError) as exc:
         return usage_error(str(exc))
@@ -62,7 +68,7 @@ def validate_model(args: argparse.Namespace) -> int:
     print(printable(f"attention blocks in the graph: {len(blocks)}"
                     + "".join(f"\n  {block.describe()}" for block in blocks)
                     + ("\n  (no fused attention node: the attention is in plain ONNX ops)" if not blocks else "")
-                    + (f"\n  precondition: {mut.precondition}" if mut.precondition else "")))
+                    + "".join(f"\n  precondition: {why}" for why in (mut.precondition, mut.needs_tokens) if why)))
     results: list[CheckResult] = []
     for name in only:
         print(f"  [{len(results) + 1}/{len(only)}] running model/{name} ...", file=sys.stderr, flush=True)

@@ -82,12 +82,15 @@ def test_a_whole_model_without_an_eager_model_is_a_usage_error(exported: dict[st
     assert "takes token ids: a whole model" in done.stderr and "--eager DIR" in done.stderr, done.stderr
 
 
-def _graph(inputs: list[tuple[str, int, list[str]]]) -> onnx.ModelProto:
-    """A graph of int inputs (name, element type, dims) whose one output is its first input's cast."""
+def _graph(inputs: list[tuple[str, int, list[str]]], extra_outputs: list[tuple[str, int, list]] = ()
+           ) -> onnx.ModelProto:
+    """A graph of inputs (name, element type, dims) whose first output is its first input's cast, and
+    ``extra_outputs`` declared (only the names and shapes are read)."""
     values = [helper.make_tensor_value_info(n, t, dims) for n, t, dims in inputs]
     out = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, inputs[0][2])
+    more = [helper.make_tensor_value_info(n, t, dims) for n, t, dims in extra_outputs]
     node = helper.make_node("Cast", [inputs[0][0]], ["last_hidden_state"], to=TensorProto.FLOAT)
-    return helper.make_model(helper.make_graph([node], "g", values, [out]))
+    return helper.make_model(helper.make_graph([node], "g", values, [out, *more]))
 
 
 def test_roles_are_read_from_the_names_exporters_write() -> None:
@@ -113,12 +116,26 @@ def test_an_input_no_name_says_is_refused_naming_it_and_the_flag() -> None:
         parse_model_inputs("segments=seg")
 
 
-def test_a_kv_cache_input_is_refused_by_name() -> None:
-    model = _graph([("input_ids", TensorProto.INT64, ["b", "s"]), ("attention_mask", TensorProto.INT64, ["b", "t"]),
-                    ("past_key_values.0.key", TensorProto.INT64, ["b", "h", "p"]),
-                    ("past_key_values.0.value", TensorProto.INT64, ["b", "h", "p"])])
-    with pytest.raises(ModelError, match=r"takes past key/values \(past_key_values.0.key, past_key_values.0.value\)"):
-        read_model_inputs(model, Path("decoder.onnx"))
+def test_a_kv_cache_is_read_as_pairs_and_a_cache_in_another_form_is_refused_by_name() -> None:
+    inputs = [("input_ids", TensorProto.INT64, ["b", "s"]), ("attention_mask", TensorProto.INT64, ["b", "t"])]
+    cache = [("past_key_values.0.key", TensorProto.FLOAT, ["b", 2, "p", 8]),
+             ("past_key_values.0.value", TensorProto.FLOAT, ["b", 2, "p", "kv_cache_dim"])]
+    presents = [("present.0.key", TensorProto.FLOAT, ["b", 2, "t", 8]),
+                ("present.0.value", TensorProto.FLOAT, ["b", 2, "t", 8])]
+    read = read_model_inputs(_graph(inputs + cache, extra_outputs=presents), Path("decoder.onnx"))
+    assert read.outputs == ("last_hidden_state",)  # the cache's outputs are not compared to the eager model
+    assert [(p.past, p.present, p.heads, p.head_dim) for p in read.cache] == [
+        ("past_key_values.0.key", "present.0.key", 2, 8), ("past_key_values.0.value", "present.0.value", 2, None)]
+    with pytest.raises(ModelError) as info:
+        read_model_inputs(_graph(inputs + cache, extra_outputs=presents[:1]), Path("decoder.onnx"))
+    assert str(info.value) == ("decoder.onnx takes past_key_values.0.value but returns no present.0.value: a cache "
+                               "that is fed but never extended cannot be driven through a decode")
+    fused = [("past_0", TensorProto.FLOAT, [2, "b", 2, "p", 8])]  # GPT-2's old export: keys and values in one
+    with pytest.raises(ModelError) as info:
+        read_model_inputs(_graph(inputs + fused), Path("gpt2.onnx"))
+    assert str(info.value) == ("gpt2.onnx takes a KV cache as past_0 (2, b, 2, p, 8), not as the per-layer key and "
+                               "value tensors (B, heads, past, head_dim) Optimum and onnxruntime-genai write "
+                               "(past_key_values.N.key / .value): its decode schedule cannot be driven")
 
 
 def test_an_attention_layer_is_not_read_as_a_whole_model() -> None:

@@ -89,16 +89,23 @@ def make_batch(lengths: list[int], width: int, padding: str, vocab_size: int, ty
 
 
 def batches(vocab_size: int, max_length: int, type_vocab_size: int = 1, *, max_batch: int = 4,
-            padding: tuple[str, ...] = PADDING) -> st.SearchStrategy[Batch]:
-    """Batches for a model of ``vocab_size`` ids and at most ``max_length`` positions."""
+            padding: tuple[str, ...] = PADDING, empty_items: bool = True) -> st.SearchStrategy[Batch]:
+    """Batches for a model of ``vocab_size`` ids and at most ``max_length`` positions; ``empty_items``:
+    whether an item may be fully padded."""
     widths = [n for n in LENGTHS if n <= max_length] or [max_length]
 
     @st.composite
     def draw(data: st.DrawFn) -> Batch:
         width = data(st.sampled_from(widths))
         b = data(st.integers(1, max_batch))
-        # most items hold real tokens; a fully padded item is drawn now and then
-        lengths = data(st.lists(st.one_of(st.integers(1, width), st.just(width), st.just(0)), min_size=b, max_size=b))
+        # most items are padded (a partial item is what padding relations compare), some are full, and
+        # a fully padded item is drawn now and then; the shrinker goes towards the first, a padded one
+        kinds = ("padded",) * 3 + ("full",) + (("empty",) if empty_items else ())
+        lengths = []
+        for _ in range(b):
+            kind = data(st.sampled_from(kinds))
+            lengths.append(width if kind == "full" else 0 if kind == "empty" else
+                           data(st.integers(1, max(1, width - 1))))
         side = data(st.sampled_from(padding))
         seed = data(st.integers(0, 2**16))
         return make_batch(lengths, width, side, vocab_size, type_vocab_size, seed)

@@ -3,11 +3,16 @@
 with none), called as the export is: by keyword, with the roles the graph takes.
 
 The oracle is this model in float64, the allowance comes from the same model in float32 (its
-own rounding in the precision the export runs in): :class:`EagerModel` holds both copies.
+own rounding in the precision the export runs in): :class:`EagerModel` holds both copies. A
+transformers model's float64 copy runs its SDPA attention, not its eager one: the eager attention
+casts the softmax to float32 on purpose (an upcast for half precision), which in float64 turns the
+mask's ``finfo(float64).min`` into -inf and a fully masked row (a left-padded pad) into NaN, then
+every token after it through the values (Llama at transformers 5.25).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -35,6 +40,7 @@ class EagerModel:
     max_length: int
     type_vocab_size: int
     source: str
+    cache_dims: tuple[int | None, int | None] = (None, None)  # (kv heads, head dim) from the config
 
     @property
     def padding_unspecified(self) -> str:
@@ -90,8 +96,19 @@ def load_eager_model(spec: str) -> EagerModel:
     if not isinstance(model, nn.Module):
         raise TargetError(f"--eager {spec} gave a {type(model).__name__}, not a torch.nn.Module")
     model = model.float().eval()
-    exact = copy.deepcopy(model).double().eval()
-    return EagerModel(exact, model, _vocab_size(model, spec), _max_length(model), _type_vocab(model), source)
+    exact = _float64_attention(copy.deepcopy(model).double().eval())
+    return EagerModel(exact, model, _vocab_size(model, spec), _max_length(model), _type_vocab(model), source,
+                      _cache_dims(model))
+
+
+def _float64_attention(model: nn.Module) -> nn.Module:
+    """``model`` (float64) with attention that computes in float64: a transformers model switched to
+    SDPA where it supports it (its eager softmax runs in float32), any other model as it is."""
+    switch = getattr(model, "set_attn_implementation", None)
+    if callable(switch) and getattr(getattr(model, "config", None), "_attn_implementation", None) == "eager":
+        with contextlib.suppress(ValueError, ImportError, NotImplementedError):  # without SDPA: eager kept
+            switch("sdpa")
+    return model
 
 
 def _from_folder(path: Path) -> nn.Module:
@@ -138,6 +155,23 @@ def _max_length(model: nn.Module) -> int:
         if isinstance(value, int) and value > 1:
             return min(value, DEFAULT_MAX_LENGTH)
     return DEFAULT_MAX_LENGTH
+
+
+def _cache_dims(model: nn.Module) -> tuple[int | None, int | None]:
+    """A decoder's cache sizes (kv heads, head dim) as its config states them, for a graph that leaves
+    them symbolic (onnxruntime-genai names the head dim ``kv_cache_dim``); None where not stated."""
+    config = getattr(model, "config", None)
+
+    def number(name: str) -> int | None:
+        value = getattr(config, name, None)
+        return value if isinstance(value, int) and value > 0 else None
+
+    heads = number("num_attention_heads")
+    kv_heads = number("num_key_value_heads") or heads
+    head_dim = number("head_dim")
+    if head_dim is None and heads and number("hidden_size"):
+        head_dim = int(number("hidden_size") or 0) // heads
+    return kv_heads, head_dim
 
 
 def _type_vocab(model: nn.Module) -> int:

@@ -7,7 +7,9 @@ Where a fused node takes the attention mask as *lengths* (``Attention``'s 1-D ``
 count of real tokens ``EmbedLayerNormalization`` or a ``ReduceSum`` makes of the mask;
 ``GroupQueryAttention``'s ``seqlens_k``), the graph assumes the real tokens come first: onnxruntime
 documents that such a mask index requires right-side padding (microsoft/onnxruntime#4376), so the
-export holds left padding and holes outside its precondition.
+export holds left padding and holes outside its precondition. ``GroupQueryAttention`` takes
+``seqlens_k`` as each item's real tokens minus one (its operator documentation), so an item with no
+real token (-1) is outside its precondition too: onnxruntime refuses it.
 """
 
 from __future__ import annotations
@@ -83,3 +85,13 @@ def padding_precondition(blocks: list[Block]) -> str:
     return (f"{names} take the attention mask as lengths ({lengths[0].mask_source or 'the node'} counts the real "
             "tokens), which onnxruntime documents as right-side padding only (microsoft/onnxruntime#4376): left "
             "padding and holes are outside the graph's precondition")
+
+
+def tokens_precondition(blocks: list[Block]) -> str:
+    """Why every item needs at least one real token ("" where no block says so)."""
+    gqa = [b for b in blocks if b.op.endswith("GroupQueryAttention")]
+    if not gqa:
+        return ""
+    return (f"{gqa[0].name}{f' and {len(gqa) - 1} more' if len(gqa) > 1 else ''} take seqlens_k, each item's real "
+            "tokens minus one (GroupQueryAttention's operator documentation): an item with no real token so far is "
+            "outside the graph's precondition")

@@ -5,8 +5,12 @@ text model's inputs ``input_ids`` (B, L), ``attention_mask`` (B, L) (1 = a real 
 ``token_type_ids`` (B, L) and ``position_ids`` (B, L); onnxruntime-genai's builder and Optimum's
 ``with-past`` exports add ``past_key_values.N.key`` / ``.value`` (or ``past.N.*``) caches. A role is
 read from the name alone; ``--model-inputs ROLE=NAME,...`` maps the others by hand. A name no
-role fits, and a cache input (no decode schedule is driven yet), is refused with the flag that
-would help, never guessed.
+role fits is refused with the flag that would help, never guessed.
+
+A decoder's cache is read as pairs: input ``past_key_values.N.key`` (B, H_kv, P, Hd) with output
+``present.N.key`` (B, H_kv, P + L, Hd), the names Optimum and the genai builder write (``past.N.*``
+and ``present_key_values.N.*`` too). A cache input without its present output, or in another
+form (one tensor holding both keys and values), is refused by name.
 """
 
 from __future__ import annotations
@@ -28,22 +32,42 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "position_ids": ("position_ids", "positions"),
 }
 #: a KV-cache input of a decoder export (Optimum ``with-past``, onnxruntime-genai's builder)
-_CACHE = re.compile(r"^(?:past_key_values?|past|cache)[._]\d+[._](?:key|value|k|v)$|^past_key_values|^past\b",
-                    re.IGNORECASE)
+_CACHE = re.compile(r"^(?:past_key_values?|past|cache)[._]\d+[._](?:key|value|k|v)$"
+                    r"|^past_key_values|^past(?:\b|[._]\d)", re.IGNORECASE)
+#: the cache pairs read: (layer, key or value) of an input and of the output that extends it
+_PAST = re.compile(r"^(?:past_key_values?|past)[._](\d+)[._](key|value)$", re.IGNORECASE)
+_PRESENT = re.compile(r"^(?:present_key_values?|present)[._](\d+)[._](key|value)$", re.IGNORECASE)
 _INTEGER = {onnx.TensorProto.INT64, onnx.TensorProto.INT32}
 _HALF = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
 
 
 @dataclass(frozen=True)
+class CachePair:
+    """One cache tensor of a decoder: the input it is fed as (B, heads, P, head_dim), the output it
+    comes back as (B, heads, P + L, head_dim), and its fixed sizes where the graph states them."""
+
+    past: str
+    present: str
+    heads: int | None
+    head_dim: int | None
+    dtype: int  # onnx.TensorProto element type
+
+
+@dataclass(frozen=True)
 class ModelInputs:
-    """Which graph input plays each role (``roles``: role -> input name), and the graph's outputs."""
+    """Which graph input plays each role (``roles``: role -> input name), the graph's outputs (its
+    cache outputs apart), and a decoder's cache pairs."""
 
     roles: dict[str, str]
     outputs: tuple[str, ...]
     sequence: frozenset[str] = frozenset()  # the outputs with a position axis (B, L, ...)
+    cache: tuple[CachePair, ...] = ()
 
     def describe(self) -> str:
-        return ", ".join(f"{role} <- {name}" for role, name in self.roles.items())
+        roles = ", ".join(f"{role} <- {name}" for role, name in self.roles.items())
+        if not self.cache:
+            return roles
+        return f"{roles}; KV cache: {len(self.cache)} tensors ({self.cache[0].past} -> {self.cache[0].present}, ...)"
 
 
 def _dims(value: onnx.ValueInfoProto) -> str:
@@ -84,14 +108,9 @@ def read_model_inputs(model: onnx.ModelProto, path: Path, mapping: dict[str, str
                              f"{', '.join(by_name)}")
         roles[role] = name
     listed = ", ".join(f"{v.name} {_dims(v)}" for v in inputs)
-    cache = [v.name for v in inputs if v.name not in roles.values() and _CACHE.search(v.name)]
-    if cache:
-        shown = ", ".join(cache[:2]) + (f" and {len(cache) - 2} more" if len(cache) > 2 else "")
-        raise ModelError(f"{path.name} takes past key/values ({shown}): a decoder exported with its KV cache, whose "
-                         "prefill and decode schedule validate does not drive yet; export it without the cache "
-                         "(Optimum: a task without -with-past) to validate its full forward")
+    cache = _cache_pairs(model, [v for v in inputs if v.name not in roles.values() and _CACHE.search(v.name)], path)
     for v in inputs:
-        if v.name in roles.values():
+        if v.name in roles.values() or any(v.name == pair.past for pair in cache):
             continue
         found = next((r for r, names in _ALIASES.items() if v.name.lower() in names and r not in roles), None)
         if found is None:
@@ -113,8 +132,32 @@ def read_model_inputs(model: onnx.ModelProto, path: Path, mapping: dict[str, str
                          "would come from the eager model in that dtype)")
     ordered = {r: roles[r] for r in ROLES if r in roles}
     length_axis = by_name[roles["input_ids"]].type.tensor_type.shape.dim[1]
-    return ModelInputs(ordered, tuple(o.name for o in model.graph.output),
-                       frozenset(o.name for o in model.graph.output if _has_position_axis(o, length_axis)))
+    presents = {pair.present for pair in cache}
+    outputs = [o for o in model.graph.output if o.name not in presents]
+    return ModelInputs(ordered, tuple(o.name for o in outputs),
+                       frozenset(o.name for o in outputs if _has_position_axis(o, length_axis)), tuple(cache))
+
+
+def _cache_pairs(model: onnx.ModelProto, cache: list[onnx.ValueInfoProto], path: Path) -> list[CachePair]:
+    """Each cache input with the output that extends it; ModelError naming a cache input in another
+    form, or without its present output."""
+    presents = {(int(m.group(1)), m.group(2).lower()): o.name
+                for o in model.graph.output if (m := _PRESENT.match(o.name))}
+    pairs: list[CachePair] = []
+    for v in cache:
+        match = _PAST.match(v.name)
+        dims = v.type.tensor_type.shape.dim
+        if match is None or len(dims) != 4:
+            raise ModelError(f"{path.name} takes a KV cache as {v.name} {_dims(v)}, not as the per-layer key and value "
+                             "tensors (B, heads, past, head_dim) Optimum and onnxruntime-genai write "
+                             "(past_key_values.N.key / .value): its decode schedule cannot be driven")
+        present = presents.get((int(match.group(1)), match.group(2).lower()))
+        if present is None:
+            raise ModelError(f"{path.name} takes {v.name} but returns no present.{match.group(1)}.{match.group(2)}: "
+                             "a cache that is fed but never extended cannot be driven through a decode")
+        fixed = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        pairs.append(CachePair(v.name, present, fixed[1], fixed[3], v.type.tensor_type.elem_type))
+    return pairs
 
 
 def _has_position_axis(output: onnx.ValueInfoProto, length: onnx.TensorShapeProto.Dimension) -> bool:

@@ -17,10 +17,16 @@ from hypothesis.errors import Flaky
 
 from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.results import KINDS, CheckResult
+from mha_verify.properties.model import cache, checks
 from mha_verify.properties.model.batches import PADDING, Batch, batches
-from mha_verify.properties.model.checks import CHECKS, ModelRaised, ModelUnderTest
+from mha_verify.properties.model.checks import ModelRaised, ModelUnderTest
 
 STAGE = "model"
+
+#: name -> check, in the order they run
+CHECKS = {**checks.CHECKS, "cache_consistency": cache.cache_consistency}
+#: name -> why the check does not apply to a model ("" where it does); a check not named applies
+_APPLIES = {"cache_consistency": cache.why_not, "fully_padded_finite": lambda mut: mut.needs_tokens}
 
 
 @dataclass
@@ -37,9 +43,13 @@ class _Stats:
 def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult:
     """Check ``name`` of :data:`CHECKS` on ``mut`` over the batches ``settings`` allows."""
     check = CHECKS[name]
+    why_not = _APPLIES[name](mut) if name in _APPLIES else ""
+    if why_not:
+        return CheckResult(name, STAGE, "n/a", reason=why_not)
     stats = _Stats()
     sides = tuple(side for side in PADDING if name != "padding_invariance" or not mut.claims(side))
-    strategy = batches(mut.eager.vocab_size, mut.eager.max_length, mut.eager.type_vocab_size, padding=sides)
+    strategy = batches(mut.eager.vocab_size, mut.eager.max_length, mut.eager.type_vocab_size, padding=sides,
+                       empty_items=not mut.needs_tokens)
     start = time.perf_counter()
 
     @Settings(settings, report_multiple_bugs=False,  # one failure, the one shrunk last, is the verdict
@@ -50,9 +60,16 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
         stats.examples += 1
         try:
             measure: Measure = check(mut, batch)
-        except (Violation, ModelRaised) as exc:  # a verdict on the model (an exception of the check's own
-            stats.failing, stats.message = batch, str(exc)  # code is the harness's: it ends the search)
+        except ModelRaised as exc:
+            outside = mut.outside(batch)
+            if outside:  # a batch the graph documents it does not take: said, not held against it
+                stats.findings.setdefault("precondition", f"{outside}; on {batch.describe()}: {exc}")
+                return
+            stats.failing, stats.message = batch, str(exc)
             raise Violation(str(exc)) from None
+        except Violation as exc:  # a verdict on the model (an exception of the check's own code is the
+            stats.failing, stats.message = batch, str(exc)  # harness's: it ends the search)
+            raise
         if measure.checked:
             stats.checked += 1
             stats.worst = max(stats.worst, measure.error)
