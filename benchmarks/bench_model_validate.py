@@ -8,11 +8,18 @@ Pipelines (each model random-initialized from a tiny config and saved locally; n
 
 * ``torch.onnx`` of the plain-torch 2-layer encoder of tests/fixtures/token_models.py, and of its
   one-bug twins (a mask dropped in one layer, positions off by one);
+* ``torch.onnx`` of the plain-torch 2-layer decoder with its KV cache of
+  tests/fixtures/decoder_models.py, and of its twin whose decode step's causal mask is aligned
+  top-left;
 * ``torch.onnx`` of a tiny BERT (transformers, eager attention), and the same file through
   onnxruntime's transformer optimizer (fused ``com.microsoft.Attention``);
+* HF Optimum's ``optimum-cli export onnx`` of a tiny BERT and of a tiny Llama with its cache
+  (``text-generation-with-past``), where optimum-onnx is installed (``tox -e optimum``'s env);
+* onnxruntime-genai's builder on the tiny Llama (``GroupQueryAttention``), where it is installed
+  with transformers 5 (``tox -e genai``'s env).
 
-BERT rows are left out, with the reason, where transformers is not installed. Seconds are wall
-time of one ``mha-verify validate`` process each, measured side by side in this run.
+A row whose tool is not installed is printed with the reason. Seconds are wall time of one
+``mha-verify validate`` process each, measured side by side in this run.
 """
 
 from __future__ import annotations
@@ -31,11 +38,20 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET_SECONDS = 120.0
 
 
-def _token_models():  # type: ignore[no-untyped-def]
+def _fixtures():  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+    import decoder_models
+    import pipeline_models
     import token_models
 
-    return token_models
+    return token_models, decoder_models, pipeline_models
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is absent
+        return False
 
 
 def _row(pipeline: str, model: Path, eager: str, profile: str) -> str:
@@ -50,7 +66,7 @@ def _row(pipeline: str, model: Path, eager: str, profile: str) -> str:
     for line in done.stdout.splitlines():
         parts = line.split()
         if len(parts) >= 3 and parts[0] in ("outputs_agree", "padding_invariance", "batch_independence",
-                                             "fully_padded_finite"):
+                                             "fully_padded_finite", "cache_consistency"):
             verdicts[parts[0]] = parts[2]
     kinds = re.search(r"\d+ passed, \d+ failed.*", done.stdout)
     return (f"| {pipeline} | {inputs.group(1) if inputs else '?'} | {blocks.group(1) if blocks else '?'}{lengths} | "
@@ -64,7 +80,7 @@ def main() -> int:
     parser.add_argument("--profile", default="ci", choices=("quick", "ci", "thorough"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    tm = _token_models()
+    tm, dm, pm = _fixtures()
     fixture = "tests/fixtures/token_models.py"
     rows = []
     for name, factory, eager in (("encoder", tm.encoder, "encoder"), ("mask_dropped", tm.mask_dropped, "encoder"),
@@ -72,14 +88,43 @@ def main() -> int:
         path = args.out / f"{name}.onnx"
         tm.export(factory(), str(path))
         rows.append(_row(f"torch.onnx, plain 2-layer encoder: {name}", path, f"{fixture}:{eager}", args.profile))
-    if importlib.util.find_spec("transformers") is None:
-        rows.append("| tiny BERT (torch.onnx; onnxruntime's optimizer) | left out: transformers is not installed |"
-                    " | | | | |")
+    for name, factory in (("decoder", dm.decoder), ("top_left", dm.top_left)):
+        path = dm.export(factory(), args.out / f"{name}.onnx")
+        rows.append(_row(f"torch.onnx, plain 2-layer decoder with its KV cache: {name}", path,
+                         f"tests/fixtures/decoder_models.py:{name}", args.profile))
+    if not _installed("transformers"):
+        rows.append("| tiny BERT, tiny Llama (torch.onnx, optimizer, Optimum, genai) | left out: transformers is not "
+                    "installed | | | | | |")
+        return _print(rows, args.profile)
+    folder, plain, fused = tm.tiny_bert(args.out)
+    rows.append(_row("torch.onnx, tiny BERT (eager attention)", plain, str(folder), args.profile))
+    rows.append(_row("onnxruntime transformer optimizer on it (fused Attention)", fused, str(folder), args.profile))
+    if _installed("optimum.exporters.onnx"):
+        bert = pm.tiny_bert(args.out / "optimum-bert")
+        rows.append(_row("Optimum, tiny BERT (feature-extraction)",
+                         pm.optimum_export(bert, "feature-extraction", args.out / "optimum-bert-onnx"), str(bert),
+                         args.profile))
+        llama = pm.tiny_llama(args.out / "optimum-llama")
+        rows.append(_row("Optimum, tiny Llama (text-generation-with-past)",
+                         pm.optimum_export(llama, "text-generation-with-past", args.out / "optimum-llama-onnx"),
+                         str(llama), args.profile))
     else:
-        folder, plain, fused = tm.tiny_bert(args.out)
-        rows.append(_row("torch.onnx, tiny BERT (eager attention)", plain, str(folder), args.profile))
-        rows.append(_row("onnxruntime transformer optimizer on it (fused Attention)", fused, str(folder), args.profile))
-    print(f"profile {args.profile}; torch {torch.__version__}")
+        rows.append("| Optimum (BERT; Llama with past) | left out: optimum-onnx is not installed (tox -e optimum) "
+                    "| | | | | |")
+    import transformers
+
+    if _installed("onnxruntime_genai") and int(transformers.__version__.split(".")[0]) >= 5:
+        llama = pm.tiny_llama(args.out / "genai-llama")
+        rows.append(_row("onnxruntime-genai builder, tiny Llama (fp32, cpu)",
+                         pm.genai_build(llama, args.out / "genai-llama-onnx"), str(llama), args.profile))
+    else:
+        rows.append("| onnxruntime-genai builder (Llama) | left out: onnxruntime-genai with transformers 5 is not "
+                    "installed (tox -e genai) | | | | | |")
+    return _print(rows, args.profile)
+
+
+def _print(rows: list[str], profile: str) -> int:
+    print(f"profile {profile}; torch {torch.__version__}")
     print("| pipeline | inputs read | attention blocks | verdicts | summary | exit | seconds (of target) |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(rows))
