@@ -108,17 +108,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     provider and optimization level a target), and onnxruntime against the eager target when one
     is given; each check a task of the gate's isolation path (a crash or hang is that check's failure).
     """
-    from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
-    from mha_verify.properties.engine import profiles
     from mha_verify.properties.model.inputs import takes_token_ids
-    from mha_verify.properties.onnx.conventions import adopt_conventions
-    from mha_verify.properties.onnx.interface import parse_input_map, read_interface
     from mha_verify.properties.onnx.model_file import ModelError, load_model
-    from mha_verify.properties.onnx.ort_target import params_from_graph
-    from mha_verify.properties.onnx.probe import MaskProbe, describe_probe
-    from mha_verify.properties.onnx.reading import parse_conventions
-    from mha_verify.properties.protocol import TargetError
-    from mha_verify.validation import interface_result, load_eager, validation_tasks
 
     try:
         whole = takes_token_ids(load_model(args.model, external_data=False,
@@ -129,11 +120,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from mha_verify.model_validate import validate_model
 
         return validate_model(args)
-    if args.model_inputs or args.only or args.max_examples is not None:
-        return usage_error("--model-inputs, --only and --max-examples are for a whole model taking token ids; "
-                           f"{args.model} is an attention layer (map its inputs with --inputs)")
+    if args.model_inputs or args.only or args.max_examples is not None or not args.blocks:
+        return usage_error("--model-inputs, --only, --max-examples and --no-blocks are for a whole model taking "
+                           f"token ids; {args.model} is an attention layer (map its inputs with --inputs)")
     if args.eager is not None and args.target is None and args.weights is None:
         args.target = args.eager  # a layer's eager model is its --target
+    done = layer_results(args)
+    if isinstance(done, int):
+        return done
+    print(printable(format_results(done, title="validate")))  # its checks' stage is "export" in reports
+    return EXIT_FAIL if any(r.failed for r in done) else EXIT_OK
+
+
+def layer_results(args: argparse.Namespace, *, quiet: bool = False) -> list[CheckResult] | int:
+    """The interface result and every check's result of the attention layer file ``args.model``, or the
+    usage error's exit code (its line said); ``quiet``: the interface is not printed."""
+    from mha_verify.isolation import Limits, default_jobs, probe, run_tasks
+    from mha_verify.properties.engine import profiles
+    from mha_verify.properties.onnx.conventions import adopt_conventions
+    from mha_verify.properties.onnx.interface import parse_input_map, read_interface
+    from mha_verify.properties.onnx.model_file import ModelError, load_model
+    from mha_verify.properties.onnx.ort_target import params_from_graph
+    from mha_verify.properties.onnx.probe import MaskProbe, describe_probe
+    from mha_verify.properties.onnx.reading import parse_conventions
+    from mha_verify.properties.protocol import TargetError
+    from mha_verify.validation import interface_result, load_eager, validation_tasks
+
     try:
         providers = _providers(args.providers)
         profile = profiles.profile_name(args.profile)
@@ -172,7 +184,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             Path(args.bundle_dir).mkdir(parents=True, exist_ok=True)
     except (TargetError, ModelError, ValueError, OSError) as exc:
         return usage_error(str(exc))
-    print(printable(info.describe()))
+    if not quiet:
+        print(printable(info.describe()))
     tasks = validation_tasks(args.model, info, profile=profile, providers=providers, target_spec=args.target,
                              weights=args.weights, weight_seed=args.weight_seed, mapping=mapping,
                              bundle_dir=args.bundle_dir, max_external_bytes=max_external, declared=declared,
@@ -184,8 +197,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                                  problems=[problem] if problem else [],
                                  hints=[probed] if isinstance(probed, str) else _fully_masked_hint(found, info))
     results = [interface, *([] if problem else run_tasks(tasks, limits=limits, jobs=args.jobs or default_jobs()))]
-    print(printable(format_results(results, title="validate")))  # its checks' stage is "export" in reports
-    return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
+    return results
 
 
 def _fully_masked_hint(found: MaskProbe | None, info: Interface) -> list[str]:
@@ -330,7 +342,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
                     "token_type_ids, position_ids")
     va.add_argument("--only", default=None, metavar="CHECK,...",
                     help="a whole model's checks to run: outputs_agree, padding_invariance, batch_independence, "
-                    "fully_padded_finite (default all)")
+                    "fully_padded_finite, cache_consistency (default all)")
+    va.add_argument("--no-blocks", dest="blocks", action="store_false",
+                    help="a whole model: do not cut its fused attention blocks out to verify each with the property "
+                    "registry (default: each is cut and verified)")
     va.add_argument("--max-examples", dest="max_examples", type=positive_int, default=None, metavar="N",
                     help="a whole model's generated batches per check (default: the profile's)")
     va.set_defaults(func=cmd_validate)

@@ -70,9 +70,13 @@ def validate_model(args: argparse.Namespace) -> int:
                     + ("\n  (no fused attention node: the attention is in plain ONNX ops)" if not blocks else "")
                     + "".join(f"\n  precondition: {why}" for why in (mut.precondition, mut.needs_tokens) if why)))
     results: list[CheckResult] = []
+    total = len(only) + (len(blocks) if args.blocks else 0)
     for name in only:
-        print(f"  [{len(results) + 1}/{len(only)}] running model/{name} ...", file=sys.stderr, flush=True)
+        print(f"  [{len(results) + 1}/{total}] running model/{name} ...", file=sys.stderr, flush=True)
         results.append(run_check(name, mut, settings))
+    if args.blocks:
+        agrees = next((r.verdict in ("pass", "finding") for r in results if r.name == "outputs_agree"), None)
+        results += _verify_blocks(args, model, blocks, eager.dims, agrees, len(results), total)
     print(printable("\n".join((report_text.table(results, "validate"), report_text.failures(results),
                                 report_text.findings(results), report_text.summary(results)))))
     if any(r.failed for r in results):
@@ -82,3 +86,71 @@ def validate_model(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     return EXIT_OK
 
+
+
+def _verify_blocks(args: argparse.Namespace, model: object, blocks: list, dims: object, agrees: bool | None,
+                   done: int, total: int) -> list[CheckResult]:
+    """Each fused attention block, one result named by its node. A block whose attributes state another
+    attention than the eager model's config (``dims``: heads, scale) fails where the whole model
+    disagrees with its eager model too (``agrees`` False: the block is where); where the whole model
+    agrees, the model evidently scales otherwise and that is said. Each block is then cut out with its
+    projections and held to the oracle by the property registry
+    (:func:`mha_verify.export_cmds.layer_results`): fail where any of its checks failed (named),
+    pass where its checks passed, n/a where it cannot be cut (the reason)."""
+    import tempfile
+    import time
+
+    from mha_verify.export_cmds import layer_results
+    from mha_verify.properties.model.block_cut import cut_block
+    from mha_verify.properties.model.graph_blocks import disagreements
+    from mha_verify.properties.onnx.model_file import ModelError
+
+    results: list[CheckResult] = []
+    with tempfile.TemporaryDirectory(prefix="mha-verify-blocks-") as folder:
+        for i, block in enumerate(blocks):
+            name = f"block {block.name}"
+            print(f"  [{done + i + 1}/{total}] running {name} ...", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            differs = disagreements(block, dims)  # type: ignore[arg-type]
+            if differs and agrees is False:
+                results.append(CheckResult(name, "blocks", "fail", seconds=time.perf_counter() - start,
+                                           reason=f"{block.describe()}: {'; '.join(differs)}: the node computes "
+                                                  "another attention than its eager model's (the registry was not "
+                                                  "run on it)"))
+                continue
+            try:
+                path = cut_block(model, block, Path(folder) / f"block{i}.onnx")  # type: ignore[arg-type]
+            except ModelError as exc:
+                results.append(CheckResult(name, "blocks", "n/a", reason=str(exc)))
+                continue
+            checks = layer_results(argparse.Namespace(**{**vars(args), **_LAYER_DEFAULTS, "model": str(path)}),
+                                   quiet=True)
+            note = f" ({'; '.join(differs)}, while the whole model agrees with its eager model)" if differs else ""
+            results.append(_block_result(name, block.describe() + note, checks, time.perf_counter() - start))
+    return results
+
+
+#: a cut block is validated as an attention file with nothing declared: all it says is in the file
+_LAYER_DEFAULTS = dict(eager=None, target=None, weights=None, inputs=None, d_model=None, n_head=None, layout=None,
+                       mask_axes=None, mask_kind=None, conventions=None, require_dynamic=False, adapter=None)
+
+
+def _block_result(name: str, what: str, checks: list[CheckResult] | int, seconds: float) -> CheckResult:
+    if isinstance(checks, int):  # the cut file could not be read as an attention layer: ours to mend
+        return CheckResult(name, "blocks", "warn", seconds=seconds,
+                           reason=f"{what}: the cut-out block was refused as an attention file (said above)")
+    failed = [c for c in checks if c.failed]
+    passed = [c for c in checks if c.verdict == "pass"]
+    counts = f"{len(passed)} of {len(checks)} checks passed, {len(failed)} failed"
+    if failed:
+        first = failed[0]
+        return CheckResult(name, "blocks", "fail", examples=sum(c.examples for c in checks), seconds=seconds,
+                           worst_error=first.worst_error, allowed=first.allowed, counterexample=first.counterexample,
+                           reason=f"{what}: {counts} ({', '.join(c.name.split('/')[-1] for c in failed)}); "
+                                  f"{first.name.split('/')[-1]}: {first.reason}")
+    if not passed:
+        return CheckResult(name, "blocks", "n/a", seconds=seconds, reason=f"{what}: no check of the registry passed")
+    worst = max(passed, key=lambda c: (c.worst_error or 0.0) / (c.allowed or 1.0))
+    return CheckResult(name, "blocks", "pass", examples=sum(c.examples for c in passed), seconds=seconds,
+                       worst_error=worst.worst_error, allowed=worst.allowed,
+                       reason=f"{what}: {counts} (held to the float64 oracle with the node's weights)")

@@ -209,6 +209,8 @@ def test_onnxruntimes_optimizer_on_a_bert_export_is_verified_under_right_padding
     verdicts = _verdicts(done.stdout)
     assert verdicts["padding_invariance"] == verdicts["batch_independence"] == "ok", done.stdout
     assert "outside a documented precondition" in done.stdout, done.stdout
+    blocks = [line.split() for line in done.stdout.splitlines() if line.startswith("  block Attention_")]
+    assert [(row[1], row[3]) for row in blocks] == [("Attention_0", "ok"), ("Attention_1", "ok")], done.stdout
 
 
 def test_a_fully_padded_item_that_differs_fails_where_nothing_declares_padding(exported: dict[str, Path]) -> None:

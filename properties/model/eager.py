@@ -17,7 +17,7 @@ import copy
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,6 +30,24 @@ from mha_verify.properties.protocol import TargetError
 DEFAULT_MAX_LENGTH = 129
 
 
+@dataclass(frozen=True)
+class AttentionDims:
+    """The attention sizes the eager model's config states (None where it states none): query heads,
+    key/value heads, head dim, and the softmax scale 1/sqrt(head dim) where nothing in the config
+    says the model scales otherwise (T5's unscaled scores, Gemma's query_pre_attn_scalar, ...)."""
+
+    heads: int | None
+    kv_heads: int | None
+    head_dim: int | None
+    scale: float | None
+
+
+#: config fields that say a model's softmax scale is not 1/sqrt(head_dim)
+_OTHER_SCALING = ("query_pre_attn_scalar", "attention_multiplier", "attn_scale", "scale_attn_weights",
+                  "relative_attention_num_buckets", "scale_attn_by_inverse_layer_idx", "mup_width_scale",
+                  "attn_scale_factor")
+
+
 @dataclass
 class EagerModel:
     """``exact``: the model in float64 (the oracle); ``same``: in float32, as exported."""
@@ -40,7 +58,12 @@ class EagerModel:
     max_length: int
     type_vocab_size: int
     source: str
-    cache_dims: tuple[int | None, int | None] = (None, None)  # (kv heads, head dim) from the config
+    dims: AttentionDims = field(default_factory=lambda: AttentionDims(None, None, None, None))
+
+    @property
+    def cache_dims(self) -> tuple[int | None, int | None]:
+        """A decoder cache's (kv heads, head dim) as the config states them."""
+        return self.dims.kv_heads, self.dims.head_dim
 
     @property
     def padding_unspecified(self) -> str:
@@ -98,7 +121,7 @@ def load_eager_model(spec: str) -> EagerModel:
     model = model.float().eval()
     exact = _float64_attention(copy.deepcopy(model).double().eval())
     return EagerModel(exact, model, _vocab_size(model, spec), _max_length(model), _type_vocab(model), source,
-                      _cache_dims(model))
+                      _attention_dims(model))
 
 
 def _float64_attention(model: nn.Module) -> nn.Module:
@@ -157,21 +180,22 @@ def _max_length(model: nn.Module) -> int:
     return DEFAULT_MAX_LENGTH
 
 
-def _cache_dims(model: nn.Module) -> tuple[int | None, int | None]:
-    """A decoder's cache sizes (kv heads, head dim) as its config states them, for a graph that leaves
-    them symbolic (onnxruntime-genai names the head dim ``kv_cache_dim``); None where not stated."""
+def _attention_dims(model: nn.Module) -> AttentionDims:
+    """The attention sizes of ``model``'s config (a graph may leave a cache's head dim symbolic: the
+    genai builder names it ``kv_cache_dim``); None where the config states none."""
     config = getattr(model, "config", None)
 
     def number(name: str) -> int | None:
         value = getattr(config, name, None)
-        return value if isinstance(value, int) and value > 0 else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     heads = number("num_attention_heads")
     kv_heads = number("num_key_value_heads") or heads
     head_dim = number("head_dim")
     if head_dim is None and heads and number("hidden_size"):
         head_dim = int(number("hidden_size") or 0) // heads
-    return kv_heads, head_dim
+    other = config is None or any(hasattr(config, name) for name in _OTHER_SCALING)
+    return AttentionDims(heads, kv_heads, head_dim, None if other or head_dim is None else head_dim ** -0.5)
 
 
 def _type_vocab(model: nn.Module) -> int:

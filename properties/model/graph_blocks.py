@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from mha_verify.properties.model.eager import AttentionDims
+
 ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 _ATTRIBUTES = ("num_heads", "q_num_heads", "kv_num_heads", "scale", "mask_filter_value",
                "unidirectional", "do_rotary", "qkv_hidden_sizes", "is_causal")
@@ -82,8 +84,9 @@ def padding_precondition(blocks: list[Block]) -> str:
     if not lengths:
         return ""
     names = ", ".join(b.name for b in lengths[:3]) + (f" and {len(lengths) - 3} more" if len(lengths) > 3 else "")
-    return (f"{names} take the attention mask as lengths ({lengths[0].mask_source or 'the node'} counts the real "
-            "tokens), which onnxruntime documents as right-side padding only (microsoft/onnxruntime#4376): left "
+    verb = "takes" if len(lengths) == 1 else "take"
+    return (f"{names} {verb} the attention mask as lengths ({lengths[0].mask_source or 'the node'} counts the "
+            "real tokens), which onnxruntime documents as right-side padding only (microsoft/onnxruntime#4376): left "
             "padding and holes are outside the graph's precondition")
 
 
@@ -92,6 +95,22 @@ def tokens_precondition(blocks: list[Block]) -> str:
     gqa = [b for b in blocks if b.op.endswith("GroupQueryAttention")]
     if not gqa:
         return ""
-    return (f"{gqa[0].name}{f' and {len(gqa) - 1} more' if len(gqa) > 1 else ''} take seqlens_k, each item's real "
-            "tokens minus one (GroupQueryAttention's operator documentation): an item with no real token so far is "
-            "outside the graph's precondition")
+    who = f"{gqa[0].name} and {len(gqa) - 1} more take" if len(gqa) > 1 else f"{gqa[0].name} takes"
+    return (f"{who} seqlens_k, each item's real tokens minus one (GroupQueryAttention's operator "
+            "documentation): an item with no real token so far is outside the graph's precondition")
+
+
+def disagreements(block: Block, dims: AttentionDims) -> list[str]:
+    """Where ``block``'s attributes state another attention than the eager model's config: its head
+    counts, and a scale other than 1/sqrt(head_dim) where the config names no other scaling."""
+    said: list[str] = []
+    heads = block.attributes.get("num_heads", block.attributes.get("q_num_heads"))
+    if isinstance(heads, int) and dims.heads and heads != dims.heads:
+        said.append(f"num_heads {heads} where the eager model's config has num_attention_heads {dims.heads}")
+    kv = block.attributes.get("kv_num_heads")
+    if isinstance(kv, int) and dims.kv_heads and kv != dims.kv_heads:
+        said.append(f"kv_num_heads {kv} where the eager model's config has {dims.kv_heads} key/value heads")
+    scale = block.attributes.get("scale")
+    if isinstance(scale, float) and scale != 0.0 and dims.scale and abs(scale - dims.scale) > 1e-4 * dims.scale:
+        said.append(f"scale {scale:.6g} where the eager model's is 1/sqrt(head_dim {dims.head_dim}) = {dims.scale:.6g}")
+    return said

@@ -1,0 +1,89 @@
+"""Each fused attention block of a whole model, cut out with its projections into an attention layer
+file of its own, so that the property registry (``validate`` on an attention ONNX file) holds it to
+the float64 oracle with the weights it computes with.
+
+A ``com.microsoft.Attention`` node (onnxruntime's transformer optimizer: packed q/k/v weights
+(D, 3D) and bias (3D,), ``num_heads``, ``scale``, ``mask_filter_value``, ``unidirectional`` as the
+node has them) is written as:
+
+    x (B, L, D) float32, attention_bias (B, 1, L, L) float32 (0 keeps a key, finfo(float32).min
+    removes it) -> the node -> the output projection that follows it (a MatMul by a (D, D)
+    initializer, with its bias from an ``Add`` or the ``SkipLayerNormalization`` it feeds) -> out
+
+The cut keeps the node itself, attributes and all; only its mask is fed through the node's additive
+``attention_bias`` input rather than the lengths the whole graph computes (which the node offsets by
+``mask_filter_value``, -10000 unless set: not a removal once scores pass 1e4). So the block's
+arithmetic (packed projections, heads, scale, softmax, output projection) is held to the oracle over
+every mask shape the registry draws, with transformers' conventions (finfo.min removes; a fully
+masked row averages every key), while what lengths do to left padding stays the whole model's
+finding. Other fused ops (``MultiHeadAttention``, ``GroupQueryAttention`` with its cache, rotary
+and ``seqlens_k``) are not cut yet: :func:`cut_block` says so by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from mha_verify.properties.model.graph_blocks import Block
+from mha_verify.properties.onnx.model_file import ModelError
+
+
+def cut_block(model: onnx.ModelProto, block: Block, out: Path) -> Path:
+    """``block`` of ``model`` written to ``out`` as an attention layer file; ModelError naming why a
+    block cannot be cut."""
+    node = next((n for n in model.graph.node if n.name == block.name), None)
+    if node is None or (node.domain, node.op_type) != ("com.microsoft", "Attention"):
+        raise ModelError(f"{block.name} ({block.op}) is not cut out yet: only com.microsoft.Attention blocks are")
+    consts = {i.name: i for i in model.graph.initializer}
+    weight, bias = (consts.get(name) for name in [*node.input, "", ""][1:3])
+    if weight is None or len(weight.dims) != 2 or weight.dims[1] != 3 * weight.dims[0]:
+        raise ModelError(f"{block.name} takes its q/k/v weights from {node.input[1]}, not a (D, 3D) initializer")
+    d = int(weight.dims[0])
+    if len(node.input) > 4 and any(node.input[4:]):
+        extra = ", ".join(i for i in node.input[4:] if i)
+        raise ModelError(f"{block.name} takes a past state or an extra bias ({extra}): not cut out yet")
+    projection, o_bias = _output_projection(model, node.output[0], consts, d)
+    if projection is None:
+        raise ModelError(f"{block.name}'s output does not go through a (D, D) projection (MatMul by an initializer)")
+    kept = [weight, *([bias] if bias is not None else []), consts[projection.input[1]]]
+    attention = helper.make_node("Attention", ["x", weight.name, bias.name if bias is not None else "", "", "",
+                                               "attention_bias"], ["heads"], name=node.name, domain="com.microsoft")
+    attention.attribute.extend(node.attribute)
+    nodes = [attention, helper.make_node("MatMul", ["heads", projection.input[1]],
+                                         ["projected" if o_bias is not None else "out"])]
+    if o_bias is not None:
+        bias_init = numpy_helper.from_array(o_bias, "out_proj.bias")
+        kept.append(bias_init)
+        nodes.append(helper.make_node("Add", ["projected", "out_proj.bias"], ["out"]))
+    graph = helper.make_graph(
+        nodes, f"{block.name} cut from {model.graph.name or 'the model'}",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", d]),
+         helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT, ["batch", 1, "length", "length"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["batch", "length", d])], initializer=kept)
+    cut = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    helper.set_model_props(cut, {"mask_kind": "additive_min", "fully_masked": "uniform", "cut_from_node": block.name})
+    onnx.checker.check_model(cut)
+    onnx.save(cut, str(out))
+    return out
+
+
+def _output_projection(model: onnx.ModelProto, heads: str, consts: dict[str, onnx.TensorProto], d: int
+                       ) -> tuple[onnx.NodeProto | None, object]:
+    """The MatMul by a (D, D) initializer that reads ``heads``, and its (D,) bias as an array (an Add's
+    constant, or the bias input of the SkipLayerNormalization it feeds), or None."""
+    readers = [n for n in model.graph.node if heads in n.input]
+    matmul = next((n for n in readers if n.op_type == "MatMul" and n.input[0] == heads and n.input[1] in consts
+                   and list(consts[n.input[1]].dims) == [d, d]), None)
+    if matmul is None:
+        return None, None
+    for reader in (n for n in model.graph.node if matmul.output[0] in n.input):
+        if reader.op_type == "Add":
+            other = next((i for i in reader.input if i != matmul.output[0] and i in consts), None)
+            if other is not None and list(consts[other].dims) == [d]:
+                return matmul, numpy_helper.to_array(consts[other])
+        if reader.op_type == "SkipLayerNormalization" and len(reader.input) > 4 and reader.input[4] in consts:
+            return matmul, numpy_helper.to_array(consts[reader.input[4]])
+    return matmul, None

@@ -1,0 +1,112 @@
+"""Each fused attention block of a whole model found, cut out with its projections and held to the
+float64 oracle by the property registry, named by its node; a node whose attributes state another
+attention than its eager model's (the scale of 1/sqrt(D) where the model scales by 1/sqrt(Hd)) fails,
+named. The model is tests/fixtures/fused_models.py: a hand-written graph of the optimizer's form,
+no transformers needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from mha_verify.mha.reference import MHAParams, multi_head
+from mha_verify.properties.model.block_cut import cut_block
+from mha_verify.properties.model.eager import AttentionDims
+from mha_verify.properties.model.graph_blocks import Block, attention_blocks, disagreements
+from mha_verify.properties.onnx.model_file import ModelError
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURE = "tests/fixtures/fused_models.py"
+sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
+import fused_models  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("fused")
+    model = fused_models.fused_tiny()
+    return {"fused": fused_models.write_fused(model, folder / "fused.onnx"),
+            "scale": fused_models.write_fused(model, folder / "scale.onnx", scale=fused_models.WIDTH ** -0.5)}
+
+
+def _validate(model: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(model), "--eager",
+                           f"{FIXTURE}:fused_tiny", "--profile", "quick", *more],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def _row(stdout: str, name: str) -> list[str]:
+    rows = [line.split() for line in stdout.splitlines() if line.startswith(f"  {name} ")]
+    assert len(rows) == 1, stdout
+    return rows[0]
+
+
+def test_a_cut_block_computes_the_nodes_attention_with_its_projections(graphs: dict[str, Path],
+                                                                        tmp_path: Path) -> None:
+    """The cut file, run by onnxruntime, against the reference formula in float64 with the fixture's
+    own weights (not read back from the graph): packed q/k/v, 4 heads, output projection and bias."""
+    model = onnx.load(str(graphs["fused"]))
+    (block,) = attention_blocks(model)
+    cut = cut_block(model, block, tmp_path / "block.onnx")
+    eager = fused_models.fused_tiny()
+    d = fused_models.WIDTH
+    w = eager.qkv.detach().double()
+    q, k, v = (w[:, i * d:(i + 1) * d].T for i in range(3))
+    bq, bk, bv = (eager.qkv_bias.detach().double()[i * d:(i + 1) * d] for i in range(3))
+    params = MHAParams(q, bq, k, bk, v, bv, eager.out.weight.detach().double(), eager.out.bias.detach().double())
+    x = torch.randn(2, 5, d, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    bias = torch.zeros(2, 1, 5, 5).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    got = ort.InferenceSession(str(cut)).run(None, {"x": x.numpy(), "attention_bias": bias.numpy()})[0]
+    want, _ = multi_head(x, x, x, params, fused_models.HEADS, keep[:, None, None, :])
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
+
+
+def test_blocks_are_verified_by_the_registry_and_named(graphs: dict[str, Path]) -> None:
+    done = _validate(graphs["fused"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Attention_0 (com.microsoft.Attention; num_heads 4; the mask as lengths from MaskLengths" in done.stdout
+    assert _row(done.stdout, "block Attention_0")[3] == "ok", done.stdout
+    assert int(_row(done.stdout, "block Attention_0")[2]) > 0, done.stdout  # examples: it compared something
+    assert "Attention_0 takes the attention mask as lengths" in done.stdout
+
+
+def test_a_node_scaled_by_another_head_size_fails_named(graphs: dict[str, Path]) -> None:
+    """The twin's node says scale 1/sqrt(D): the whole model disagrees with its eager model, and the
+    block names the attribute that makes it so."""
+    done = _validate(graphs["scale"])
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert _row(done.stdout, "outputs_agree")[2] == "FAIL", done.stdout
+    assert _row(done.stdout, "block Attention_0")[3] == "FAIL", done.stdout
+    assert "scale 0.25 where the eager model's is 1/sqrt(head_dim 4) = 0.5" in done.stdout
+
+
+def test_no_blocks_skips_them_and_is_refused_for_a_layer_file(graphs: dict[str, Path]) -> None:
+    done = _validate(graphs["fused"], "--no-blocks")
+    assert done.returncode == 0 and "block Attention_0" not in done.stdout, done.stdout + done.stderr
+
+
+def test_disagreements_read_heads_and_scale_against_the_config() -> None:
+    block = Block("Attention_3", "com.microsoft.Attention", {"num_heads": 2, "scale": 0.25}, "lengths", "m")
+    dims = AttentionDims(heads=4, kv_heads=4, head_dim=4, scale=0.5)
+    assert disagreements(block, dims) == [
+        "num_heads 2 where the eager model's config has num_attention_heads 4",
+        "scale 0.25 where the eager model's is 1/sqrt(head_dim 4) = 0.5"]
+    assert disagreements(block, AttentionDims(2, 2, 8, None)) == []  # a config naming other scaling: not judged
+    gqa = Block("g", "com.microsoft.GroupQueryAttention", {"num_heads": 4, "kv_num_heads": 1}, "lengths", "")
+    assert disagreements(gqa, AttentionDims(4, 2, 16, 0.25)) == [
+        "kv_num_heads 1 where the eager model's config has 2 key/value heads"]
+
+
+def test_a_block_of_another_op_is_not_cut_and_says_so(tmp_path: Path) -> None:
+    model = onnx.load(str(fused_models.write_fused(fused_models.fused_tiny(), tmp_path / "f.onnx")))
+    gqa = Block("GroupQueryAttention_0", "com.microsoft.GroupQueryAttention", {}, "lengths", "")
+    with pytest.raises(ModelError, match=r"GroupQueryAttention_0 .* is not cut out yet: only com\.microsoft\.Att"):
+        cut_block(model, gqa, tmp_path / "cut.onnx")
