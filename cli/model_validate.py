@@ -10,11 +10,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mha_verify import report_text
 from mha_verify.escape import printable
 from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
 from mha_verify.properties.engine.results import CheckResult
+
+if TYPE_CHECKING:
+    from mha_verify.properties.model.checks import ModelUnderTest
+    from mha_verify.properties.model.replay import Replay
+    from mha_verify.properties.model.runner import ReplayWriter
 
 
 def validate_model(args: argparse.Namespace) -> int:
@@ -73,7 +79,7 @@ def validate_model(args: argparse.Namespace) -> int:
     total = len(only) + (len(blocks) if args.blocks else 0)
     for name in only:
         print(f"  [{len(results) + 1}/{total}] running model/{name} ...", file=sys.stderr, flush=True)
-        results.append(run_check(name, mut, settings))
+        results.append(run_check(name, mut, settings, _replay_writer(args, mut)))
     if args.blocks:
         agrees = next((r.verdict in ("pass", "finding") for r in results if r.name == "outputs_agree"), None)
         results += _verify_blocks(args, model, blocks, eager.dims, agrees, len(results), total)
@@ -86,6 +92,26 @@ def validate_model(args: argparse.Namespace) -> int:
         return EXIT_FAIL
     return EXIT_OK
 
+
+
+def _replay_writer(args: argparse.Namespace, mut: ModelUnderTest) -> ReplayWriter | None:
+    """Writes a failure's replay as a reproduction bundle under ``--bundle-dir`` (None without it)."""
+    if not args.bundle_dir:
+        return None
+    from mha_verify.repro_bundle import write_bundle
+
+    def write(name: str, replay: Replay, counterexample: str, reason: str) -> str:
+        try:  # what onnxruntime returns on the feed, kept beside the expected
+            actual = mut.session.run([replay.output], replay.feed)[0]
+        except Exception:
+            actual = None
+        folder = write_bundle(args.bundle_dir, name=name, model_path=args.model, feed=replay.feed,
+                              expected=replay.expected, actual=actual, allowed=replay.allowed,
+                              provider="CPUExecutionProvider", opt_level="opt-all", output=replay.output,
+                              counterexample=counterexample, verdict=reason, where=replay.where)
+        return f"python {folder / 'replay.py'}"
+
+    return write
 
 
 def _verify_blocks(args: argparse.Namespace, model: object, blocks: list, dims: object, agrees: bool | None,

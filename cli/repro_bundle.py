@@ -1,8 +1,10 @@
 """Reproduction bundles: a failed validation check as files that replay without this project.
 
-A bundle directory holds ``model.onnx``, ``inputs.npz`` (the feed of the shrunk
-counterexample, exactly as given to onnxruntime), ``expected.npy`` (float64),
-``actual.npy`` (what onnxruntime returned; absent if it raised), ``bundle.json`` (the check,
+A bundle directory holds ``model.onnx`` (and the external data files it names, for a model stored
+so), ``inputs.npz`` (the feed of the shrunk counterexample, exactly as given to onnxruntime),
+``expected.npy`` (float64), ``where.npy`` (bool: the positions compared, where not all are: a whole
+model's padding is don't-care), ``actual.npy`` (what onnxruntime returned; absent if it raised),
+``bundle.json`` (the check,
 the counterexample, the verdict, the allowed error, provider, optimization level and output
 name: data), ``README.txt`` and ``replay.py``, one fixed script for every bundle, which needs
 only onnxruntime and numpy: ``python replay.py`` prints the max error and exits 1 if it
@@ -49,6 +51,11 @@ except Exception as exc:  # the failure may be onnxruntime refusing these shapes
     print("onnxruntime raised", type(exc).__name__ + ":", ascii(str(exc)))
     sys.exit(1)
 diff = np.abs(actual.astype(np.float64) - expected)
+if (here / "where.npy").exists():  # only these positions were compared
+    where = np.load(here / "where.npy", allow_pickle=False)
+    if where.shape != diff.shape or where.dtype != np.bool_:
+        sys.exit(f"where.npy must be a bool array of the output's shape {diff.shape}, got {where.dtype} {where.shape}")
+    diff = diff[where]
 error = float(diff.max()) if diff.size else 0.0
 if diff.size and not np.isfinite(diff).all():
     error = float("inf")
@@ -66,12 +73,16 @@ def safe_name(name: str) -> str:
 def write_bundle(
     directory: str | Path, *, name: str, model_path: str | Path, feed: dict[str, np.ndarray],
     expected: np.ndarray, actual: np.ndarray | None, allowed: float, provider: str, opt_level: str,
-    output: str, counterexample: str, verdict: str,
+    output: str, counterexample: str, verdict: str, where: np.ndarray | None = None,
 ) -> Path:
-    """Write a bundle for check ``name`` under ``directory`` and return its folder."""
+    """Write a bundle for check ``name`` under ``directory`` and return its folder; ``where`` (bool, the
+    output's shape): the positions compared, where not all are."""
     folder = Path(directory) / safe_name(name)
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_path, folder / "model.onnx")
+    _copy_external_data(Path(model_path), folder)
+    if where is not None:
+        np.save(folder / "where.npy", np.asarray(where, dtype=np.bool_))
     np.savez(folder / "inputs.npz", **feed)  # type: ignore[arg-type]  # names are the graph inputs
     np.save(folder / "expected.npy", np.asarray(expected, dtype=np.float64))
     if actual is not None:
@@ -87,3 +98,18 @@ def write_bundle(
         f"check: {name!a}\ncounterexample: {counterexample!a}\nverdict: {verdict!a}\n"
         "replay: python replay.py (onnxruntime and numpy only; reads bundle.json)\n", encoding="utf-8")
     return folder
+
+
+def _copy_external_data(model_path: Path, folder: Path) -> None:
+    """The files beside ``model_path`` its tensors name as external data, copied into ``folder``: only
+    plain file names (a location with a folder or ``..`` in it is never followed)."""
+    import onnx
+
+    model = onnx.load(str(model_path), load_external_data=False)
+    locations = {entry.value for tensor in model.graph.initializer
+                 if tensor.data_location == onnx.TensorProto.EXTERNAL
+                 for entry in tensor.external_data if entry.key == "location"}
+    for location in sorted(locations):
+        source = model_path.parent / location
+        if Path(location).name == location and not location.startswith(".") and source.is_file():
+            shutil.copyfile(source, folder / location)

@@ -71,6 +71,45 @@ def test_a_tampered_bundle_is_refused_not_run(model: tuple[Path, dict[str, np.nd
                      counterexample="", verdict="")
 
 
+def test_a_bundle_copies_external_data_by_plain_name_only_and_compares_where_said(
+        model: tuple[Path, dict[str, np.ndarray], np.ndarray], tmp_path: Path) -> None:
+    """A model stored with external data (onnxruntime-genai's builder writes model.onnx.data) replays
+    from its bundle; a location with a folder in it is never followed. ``where.npy`` limits the
+    comparison: a difference outside it (a whole model's padding) does not count."""
+    import onnx
+
+    path, feed, expected = model
+    stored = onnx.load(str(path))
+    onnx.save(stored, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+              size_threshold=0)
+    off = expected.copy()
+    off[0, 0] += 1.0  # wrong at one position, outside where
+    where = np.ones_like(expected, dtype=bool)
+    where[0, 0] = False
+    folder = write_bundle(tmp_path / "b", name="ext", model_path=tmp_path / "ext.onnx", feed=feed, expected=off,
+                          actual=None, allowed=1e-4, provider="CPUExecutionProvider", opt_level="opt-all",
+                          output="out", counterexample="", verdict="", where=where)
+    assert (folder / "ext.onnx.data").is_file()
+    proc = subprocess.run([sys.executable, str(folder / "replay.py")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    np.save(folder / "where.npy", np.ones_like(expected, dtype=bool))  # every position: the planted one counts
+    proc = subprocess.run([sys.executable, str(folder / "replay.py")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "max error 1" in proc.stdout, proc.stdout + proc.stderr
+    hostile = onnx.load(str(tmp_path / "ext.onnx"), load_external_data=False)
+    for tensor in hostile.graph.initializer:  # a hostile location: outside the model's folder
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = "../secret.data"
+    (tmp_path / "secret.data").write_bytes(b"not yours")
+    (tmp_path / "m").mkdir()
+    onnx.save(hostile, str(tmp_path / "m" / "hostile.onnx"))
+    folder = write_bundle(tmp_path / "c", name="h", model_path=tmp_path / "m" / "hostile.onnx", feed=feed,
+                          expected=expected, actual=None, allowed=1e-4, provider="CPUExecutionProvider",
+                          opt_level="opt-all", output="out", counterexample="", verdict="")
+    assert sorted(p.name for p in folder.iterdir()) == ["README.txt", "bundle.json", "expected.npy", "inputs.npz",
+                                                          "model.onnx", "replay.py"]
+
+
 def test_control_characters_never_reach_xml_or_a_terminal() -> None:
     import xml.etree.ElementTree as ET
 

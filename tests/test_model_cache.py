@@ -26,9 +26,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "top_left": decoder_models.export(decoder_models.top_left(), folder / "top_left.onnx")}
 
 
-def _validate(model: Path, eager: str) -> subprocess.CompletedProcess[str]:
+def _validate(model: Path, eager: str, *more: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(model), "--eager",
-                           f"{FIXTURE}:{eager}", "--profile", "ci"],
+                           f"{FIXTURE}:{eager}", "--profile", "ci", *more],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -62,15 +62,22 @@ def test_a_decoder_with_its_cache_passes_every_relation(exported: dict[str, Path
 
 
 def test_a_decode_step_whose_causal_mask_is_aligned_top_left_fails_the_cache_relation(
-        exported: dict[str, Path]) -> None:
+        exported: dict[str, Path], tmp_path: Path) -> None:
     """The twin's full forward is the decoder's (every other relation holds): only prefill + decode
     shows the misaligned mask, shrunk to one token decoded after a cache of one, which sees key 0 and
     not itself: one position off."""
-    done = _validate(exported["top_left"], "top_left")
+    done = _validate(exported["top_left"], "top_left", "--bundle-dir", str(tmp_path / "bundles"))
     assert done.returncode == 1, done.stdout + done.stderr
     assert _verdict(done.stdout, "cache_consistency") == "FAIL", done.stdout
     assert _verdict(done.stdout, "outputs_agree") == "ok", done.stdout
-    assert "logits at tokens 1..1 fed after a cache of 1 position vs the full forward" in done.stdout, done.stdout
+    assert "fed after a cache of 1 position vs the full forward" in done.stdout, done.stdout
+    # the bundle replays the failing decode step (its cache in the feed) with onnxruntime and numpy alone
+    folder = tmp_path / "bundles" / "model_cache_consistency"
+    assert f"replay:  python {folder / 'replay.py'}" in done.stdout, done.stdout
+    replayed = subprocess.run([sys.executable, "-I", str(folder / "replay.py")], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=120)
+    assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    assert "'past_key_values.0.key'=(1, 2, 1, 8)" in replayed.stdout and "max error" in replayed.stdout
 
 
 def test_an_encoder_without_a_cache_is_not_applicable_with_the_reason() -> None:

@@ -18,6 +18,7 @@ import math
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation
 from mha_verify.properties.model.batches import Batch
 from mha_verify.properties.model.checks import ModelUnderTest, allowed_between, largest
+from mha_verify.properties.model.replay import ModelViolation, replay_of
 
 #: single-token decodes after the prefill, before the rest goes as one chunk
 DECODES = 3
@@ -65,6 +66,7 @@ def cache_consistency(mut: ModelUnderTest, batch: Batch) -> Measure:
     for start, end in spans(width, batch.seed, least=least, chunk=chunk):
         feed = {name: getattr(batch, role)[:, :end] if role == "attention_mask" else getattr(batch, role)[:, start:end]
                 for role, name in mut.inputs.roles.items()}
+        fed = mut.feed(feed, past)
         outputs, past = mut.step(feed, past)
         for pair in mut.inputs.cache:
             held = past[pair.past].shape
@@ -89,7 +91,8 @@ def cache_consistency(mut: ModelUnderTest, batch: Batch) -> Measure:
                 if outside:
                     return Measure(checked=False, finding=("precondition", f"{outside}; under "
                                                                            f"{batch.padding} padding {what}"))
-                raise Violation(what, error, limit)
+                raise ModelViolation(what, error, limit, replay=replay_of(
+                    fed, name, full[name][window], real, limit))
             worst, allowed, checked = max(worst, error), min(allowed, limit), True
     return Measure(worst, allowed) if checked else UNCHECKED
 

@@ -29,10 +29,11 @@ import torch
 from onnx import helper
 
 from mha_verify.mha.tolerance import compare, tolerance_for
-from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation
+from mha_verify.properties.engine.measure import UNCHECKED, Measure
 from mha_verify.properties.model.batches import Batch, make_batch
 from mha_verify.properties.model.eager import EagerModel
 from mha_verify.properties.model.inputs import ModelInputs
+from mha_verify.properties.model.replay import ModelViolation, placed, replay_of
 from mha_verify.properties.protocol import TargetError
 
 _NP_INT = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
@@ -76,16 +77,28 @@ class ModelUnderTest:
         """The outputs (float64, by name) of one onnxruntime run on ``batch``, a decoder's cache empty."""
         return self.step(batch.inputs(self.inputs.roles), self.empty_cache(batch.input_ids.shape[0]))[0]
 
+    def feed(self, tensors: dict[str, torch.Tensor], past: dict[str, np.ndarray] | None = None,
+             ) -> dict[str, np.ndarray]:
+        """The arrays onnxruntime is fed for ``tensors`` (by input name, in the graph's integer type)
+        and the cache ``past`` (a decoder's empty cache where None)."""
+        types = {i.name: _NP_INT.get(i.type, np.int64) for i in self.session.get_inputs()}
+        arrays = {name: t.numpy().astype(types.get(name, np.int64)) for name, t in tensors.items()}
+        if past is None:
+            past = self.empty_cache(next(iter(tensors.values())).shape[0])
+        return {**arrays, **past}
+
+    def fed(self, batch: Batch) -> dict[str, np.ndarray]:
+        """What :meth:`ort` feeds for ``batch``."""
+        return self.feed(batch.inputs(self.inputs.roles))
+
     def step(self, feed: dict[str, torch.Tensor], past: dict[str, np.ndarray]
              ) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
         """One onnxruntime run of ``feed`` (tensors by input name) after the cache ``past`` (arrays by
         cache input name): the outputs, float64 by name, and the cache the graph returns, by the
         input name it is fed back as."""
-        types = {i.name: _NP_INT.get(i.type, np.int64) for i in self.session.get_inputs()}
-        arrays = {name: t.numpy().astype(types.get(name, np.int64)) for name, t in feed.items()}
         names = list(self.inputs.outputs) + [pair.present for pair in self.inputs.cache]
         try:
-            out = self.session.run(names, {**arrays, **past})
+            out = self.session.run(names, self.feed(feed, past))
         except Exception as exc:
             raise ModelRaised(f"onnxruntime raised {type(exc).__name__}: {_first_line(exc)}") from None
         n = len(self.inputs.outputs)
@@ -181,8 +194,9 @@ def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
                                                         f"{name} at real tokens differs from the eager model's: "
                                                         f"{comparison}"))
             if not comparison.ok:
-                raise Violation(f"{name} at real tokens, onnxruntime vs the eager model in float64: {comparison}",
-                                comparison.error, comparison.allowed)
+                raise ModelViolation(f"{name} at real tokens, onnxruntime vs the eager model in float64: "
+                                     f"{comparison}", comparison.error, comparison.allowed,
+                                     replay=replay_of(mut.fed(batch), name, exact[name], real, comparison.allowed))
             worst, allowed = max(worst, comparison.error), min(allowed, comparison.allowed)
         for where, pad in _padding(mut, name, exact[name], batch).items():
             if not bool(pad.any()) or padded_note is not None:
@@ -191,8 +205,9 @@ def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
             if off.ok:
                 continue
             if not mut.eager.padding_unspecified:  # the eager model's own library declares nothing: held
-                raise Violation(f"{name} at {where}, onnxruntime vs the eager model in float64: {off}", off.error,
-                                off.allowed)
+                raise ModelViolation(f"{name} at {where}, onnxruntime vs the eager model in float64: {off}",
+                                     off.error, off.allowed,
+                                     replay=replay_of(mut.fed(batch), name, exact[name], pad, off.allowed))
             padded_note = (f"{name} differs from the eager model at {where}, {off}; "
                            f"{mut.eager.padding_unspecified}, so it is no failure")
     if not math.isfinite(allowed):
@@ -229,9 +244,11 @@ def padding_invariance(mut: ModelUnderTest, batch: Batch) -> Measure:
             if not math.isfinite(limit):
                 continue  # the oracle is not finite here: nothing is compared, nothing passes
             if not error <= limit:
-                raise Violation(f"{name} of item {i} ({n} real tokens, {batch.padding} padding to "
-                                f"{batch.input_ids.shape[1]}) vs the item unpadded: max difference {error:.3g} > "
-                                f"allowed {limit:.3g}", error, limit)
+                expected, where = placed(value, (i, keep), alone[name][0])
+                raise ModelViolation(f"{name} of item {i} ({n} real tokens, {batch.padding} padding to "
+                                     f"{batch.input_ids.shape[1]}) vs the item unpadded: max difference {error:.3g} > "
+                                     f"allowed {limit:.3g}", error, limit,
+                                     replay=replay_of(mut.fed(batch), name, expected, where, limit))
             worst, allowed, checked = max(worst, error), min(allowed, limit), True
     return Measure(worst, allowed) if checked else UNCHECKED
 
@@ -254,8 +271,10 @@ def batch_independence(mut: ModelUnderTest, batch: Batch) -> Measure:
             if not math.isfinite(limit):
                 continue  # the oracle is not finite here: nothing is compared, nothing passes
             if not error <= limit:
-                raise Violation(f"{name} of item {i} computed alone vs in a batch of {batch.input_ids.shape[0]}: "
-                                f"max difference {error:.3g} > allowed {limit:.3g}", error, limit)
+                expected, where = placed(value, (i, real), alone[name][0][real])
+                raise ModelViolation(f"{name} of item {i} computed alone vs in a batch of "
+                                     f"{batch.input_ids.shape[0]}: max difference {error:.3g} > allowed {limit:.3g}",
+                                     error, limit, replay=replay_of(mut.fed(batch), name, expected, where, limit))
             worst, allowed, checked = max(worst, error), min(allowed, limit), True
     return Measure(worst, allowed) if checked else UNCHECKED
 
@@ -273,8 +292,9 @@ def fully_padded_finite(mut: ModelUnderTest, batch: Batch) -> Measure:
             if inherited:
                 return Measure(finding=("inherited", f"{name} of fully padded item {bad[0]} is not finite in "
                                                      "onnxruntime, as in the eager model it was exported from"))
-            raise Violation(f"{name} of fully padded item {bad[0]} is not finite in onnxruntime (the eager model's "
-                            "is finite)")
+            expected, where = placed(value, (bad[0],), eager[bad[0]])
+            raise ModelViolation(f"{name} of fully padded item {bad[0]} is not finite in onnxruntime (the eager "
+                                 "model's is finite)", replay=replay_of(mut.fed(batch), name, expected, where, 0.0))
     return Measure()
 
 

@@ -9,6 +9,7 @@ named with its type: a model that cannot take a batch it declares it takes is a 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given
@@ -20,6 +21,7 @@ from mha_verify.properties.engine.results import KINDS, CheckResult
 from mha_verify.properties.model import cache, checks
 from mha_verify.properties.model.batches import PADDING, Batch, batches
 from mha_verify.properties.model.checks import ModelRaised, ModelUnderTest
+from mha_verify.properties.model.replay import ModelViolation, Replay
 
 STAGE = "model"
 
@@ -38,10 +40,18 @@ class _Stats:
     findings: dict[str, str] = field(default_factory=dict)
     failing: Batch | None = None
     message: str = ""
+    replay: Replay | None = None
 
 
-def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult:
-    """Check ``name`` of :data:`CHECKS` on ``mut`` over the batches ``settings`` allows."""
+#: writes a failure's replay as a bundle: (check name, replay, counterexample, reason) -> the command
+#: that replays it
+ReplayWriter = Callable[[str, Replay, str, str], str]
+
+
+def run_check(name: str, mut: ModelUnderTest, settings: Settings, write_replay: ReplayWriter | None = None,
+              ) -> CheckResult:
+    """Check ``name`` of :data:`CHECKS` on ``mut`` over the batches ``settings`` allows; a failure with a
+    replay is handed to ``write_replay`` (its command becomes the result's ``replay``)."""
     check = CHECKS[name]
     why_not = _APPLIES[name](mut) if name in _APPLIES else ""
     if why_not:
@@ -65,10 +75,11 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
             if outside:  # a batch the graph documents it does not take: said, not held against it
                 stats.findings.setdefault("precondition", f"{outside}; on {batch.describe()}: {exc}")
                 return
-            stats.failing, stats.message = batch, str(exc)
+            stats.failing, stats.message, stats.replay = batch, str(exc), None
             raise Violation(str(exc)) from None
         except Violation as exc:  # a verdict on the model (an exception of the check's own code is the
             stats.failing, stats.message = batch, str(exc)  # harness's: it ends the search)
+            stats.replay = exc.replay if isinstance(exc, ModelViolation) else None
             raise
         if measure.checked:
             stats.checked += 1
@@ -81,8 +92,11 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings) -> CheckResult
         search()
     except Violation:
         assert stats.failing is not None
+        replay = None if stats.replay is None or write_replay is None else write_replay(
+            f"model/{name}", stats.replay, stats.failing.describe(), stats.message)
         return CheckResult(name, STAGE, "fail", examples=stats.examples, reason=stats.message,
-                           counterexample=stats.failing.describe(), seconds=time.perf_counter() - start)
+                           counterexample=stats.failing.describe(), seconds=time.perf_counter() - start,
+                           replay=replay)
     except Flaky:  # a batch that failed once and passed when run again: the model is not deterministic
         return CheckResult(name, STAGE, "fail", examples=stats.examples, seconds=time.perf_counter() - start,
                            reason=f"a batch failed, then passed when run again (not deterministic): {stats.message}",
