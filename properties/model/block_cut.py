@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
@@ -71,7 +72,7 @@ def cut_block(model: onnx.ModelProto, block: Block, out: Path) -> Path:
 
 
 def _output_projection(model: onnx.ModelProto, heads: str, consts: dict[str, onnx.TensorProto], d: int
-                       ) -> tuple[onnx.NodeProto | None, object]:
+                       ) -> tuple[onnx.NodeProto | None, np.ndarray | None]:
     """The MatMul by a (D, D) initializer that reads ``heads``, and its (D,) bias as an array (an Add's
     constant, or the bias input of the SkipLayerNormalization it feeds), or None."""
     readers = [n for n in model.graph.node if heads in n.input]

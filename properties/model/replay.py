@@ -44,7 +44,8 @@ def replay_of(feed: dict[str, np.ndarray], output: str, expected: torch.Tensor, 
     return Replay(feed, output, expected.detach().double().numpy(), where.detach().bool().numpy(), float(allowed))
 
 
-def placed(like: torch.Tensor, index: tuple[object, ...], values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def placed(like: torch.Tensor, index: tuple[int | torch.Tensor, ...], values: torch.Tensor,
+           ) -> tuple[torch.Tensor, torch.Tensor]:
     """``like``'s shape with ``values`` at ``index`` (zeros elsewhere), and where they are: the
     expected of a relation whose other side is a run of another shape (an item alone)."""
     expected = torch.zeros_like(like, dtype=torch.float64)
