@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 
 def validate_model(args: argparse.Namespace) -> int:
+    import torch
     from hypothesis import settings as Settings
 
     from mha_verify.properties.engine import profiles
@@ -55,7 +56,7 @@ def validate_model(args: argparse.Namespace) -> int:
             settings = Settings(settings, max_examples=args.max_examples)
         model = load_model(args.model, external_data=False, max_external_bytes=int(args.max_external_data_gb * 2**30))
         inputs = read_model_inputs(model, Path(args.model), parse_model_inputs(args.model_inputs))
-        eager = load_eager_model(args.eager)
+        eager = load_eager_model(args.eager, getattr(torch, inputs.precision))
         blocks = attention_blocks(model)
         mut = ModelUnderTest(make_session(args.model), inputs, eager, precondition=padding_precondition(blocks),
                              needs_tokens=tokens_precondition(blocks))
@@ -66,7 +67,9 @@ def validate_model(args: argparse.Namespace) -> int:
     except Exception as exc:  # onnxruntime refusing the file, the eager model failing its first call
         return usage_error(f"loading {args.model} or its eager model failed: {type(exc).__name__}: "
                            f"{str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ''}")
-    print(printable(f"{args.model}: a whole model taking token ids; inputs {inputs.describe()}; outputs "
+    precision = "" if inputs.precision == "float32" else (
+        f"; computes in {inputs.precision}: the allowance comes from the eager model in {inputs.precision}")
+    print(printable(f"{args.model}: a whole model taking token ids{precision}; inputs {inputs.describe()}; outputs "
                     f"{', '.join(inputs.outputs)}; eager {eager.source} (vocabulary {eager.vocab_size}, lengths to "
                     f"{eager.max_length}); padding kept by the eager model on: "
                     f"{', '.join(side for side, why in mut.keeps.items() if not why)}"

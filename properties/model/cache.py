@@ -17,7 +17,7 @@ import math
 
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation
 from mha_verify.properties.model.batches import Batch
-from mha_verify.properties.model.checks import ModelUnderTest, allowed_between, largest
+from mha_verify.properties.model.checks import ModelUnderTest, allowed_between, largest, nearest
 from mha_verify.properties.model.replay import ModelViolation, replay_of
 
 #: single-token decodes after the prefill, before the rest goes as one chunk
@@ -81,7 +81,7 @@ def cache_consistency(mut: ModelUnderTest, batch: Batch) -> Measure:
             window = (slice(None), slice(start, end))
             oracle, ref = exact[name][window][real], same[name][window][real]
             error = largest(value[real] - full[name][window][real])
-            limit = allowed_between(oracle, ref)
+            limit = allowed_between(oracle, ref, mut.eager.dtype)
             if not math.isfinite(limit):
                 continue  # the oracle is not finite here: nothing is compared, nothing passes
             if not error <= limit:
@@ -93,6 +93,6 @@ def cache_consistency(mut: ModelUnderTest, batch: Batch) -> Measure:
                                                                            f"{batch.padding} padding {what}"))
                 raise ModelViolation(what, error, limit, replay=replay_of(
                     fed, name, full[name][window], real, limit))
-            worst, allowed, checked = max(worst, error), min(allowed, limit), True
+            (worst, allowed), checked = nearest((worst, allowed), error, limit), True
     return Measure(worst, allowed) if checked else UNCHECKED
 

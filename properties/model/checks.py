@@ -1,9 +1,9 @@
 """The relations a whole exported text model is held to, each on one generated :class:`Batch`.
 
 Every comparison uses the one tolerance rule (:mod:`mha.tolerance`): the eager model in float64 is
-the oracle, the same model in float32 (the precision the export runs in) gives the allowance,
-``multiple * |eager32 - eager64| + floor``. A relation between two onnxruntime runs is allowed the
-eager model's error on both sides.
+the oracle, the same model in the precision the export computes in (float32, or float16 for a
+converted graph) gives the allowance, ``multiple * |eager_same - eager64| + floor``. A relation
+between two onnxruntime runs is allowed the eager model's error on both sides.
 
 * ``outputs_agree``: onnxruntime against the eager model on every output, at every real token of
   every item with one. A difference at padding (a padded position, a fully padded item) is a
@@ -122,7 +122,8 @@ class ModelUnderTest:
         try:
             return self.eager.run(roles, self.inputs.outputs, exact=exact)
         except Exception as exc:
-            raise ModelRaised(f"the eager model ({'float64' if exact else 'float32'}) raised {type(exc).__name__}: "
+            precision = "float64" if exact else str(self.eager.dtype).removeprefix("torch.")
+            raise ModelRaised(f"the eager model ({precision}) raised {type(exc).__name__}: "
                               f"{_first_line(exc)}") from None
 
     def read_claims(self, seed: int = 0) -> None:
@@ -166,16 +167,25 @@ def largest(t: torch.Tensor) -> float:
     return float(t.abs().max()) if t.numel() else 0.0
 
 
-def allowed_between(oracle: torch.Tensor, same: torch.Tensor) -> float:
-    """The allowance between two onnxruntime runs of the same positions: the eager model's float32
-    error (``same`` - ``oracle``) on both sides."""
-    return _allowed(oracle, same, largest(same - oracle))
+def nearest(held: tuple[float, float], error: float, allowed: float) -> tuple[float, float]:
+    """Of two (error, allowed) pairs, the one nearest its allowance: a check's worst is shown with the
+    allowance of the comparison it came from, never the largest error beside the smallest allowance."""
+    def ratio(e: float, a: float) -> float:
+        return e / a if a > 0 else (0.0 if e == 0 else math.inf)
+
+    return (error, allowed) if not math.isfinite(held[1]) or ratio(error, allowed) > ratio(*held) else held
 
 
-def _allowed(oracle: torch.Tensor, same: torch.Tensor, extra: float = 0.0) -> float:
+def allowed_between(oracle: torch.Tensor, same: torch.Tensor, dtype: torch.dtype) -> float:
+    """The allowance between two onnxruntime runs of the same positions: the eager model's error in
+    ``dtype`` (``same`` - ``oracle``) on both sides."""
+    return _allowed(oracle, same, dtype, largest(same - oracle))
+
+
+def _allowed(oracle: torch.Tensor, same: torch.Tensor, dtype: torch.dtype, extra: float = 0.0) -> float:
     ref = float((same - oracle).abs().max()) if oracle.numel() else 0.0
     scale = float(oracle.abs().max()) if oracle.numel() else 0.0
-    return tolerance_for(torch.float32).allowed(ref + extra, scale)
+    return tolerance_for(dtype).allowed(ref + extra, scale)
 
 
 def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
@@ -185,7 +195,7 @@ def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
     for name in mut.inputs.outputs:
         real = mut.real(name, exact[name], batch)
         if bool(real.any()):
-            comparison = compare(got[name][real], exact[name][real], same[name][real], torch.float32)
+            comparison = compare(got[name][real], exact[name][real], same[name][real], mut.eager.dtype)
             if not math.isfinite(comparison.allowed):
                 return UNCHECKED
             if not comparison.ok and outside:
@@ -197,11 +207,11 @@ def outputs_agree(mut: ModelUnderTest, batch: Batch) -> Measure:
                 raise ModelViolation(f"{name} at real tokens, onnxruntime vs the eager model in float64: "
                                      f"{comparison}", comparison.error, comparison.allowed,
                                      replay=replay_of(mut.fed(batch), name, exact[name], real, comparison.allowed))
-            worst, allowed = max(worst, comparison.error), min(allowed, comparison.allowed)
+            worst, allowed = nearest((worst, allowed), comparison.error, comparison.allowed)
         for where, pad in _padding(mut, name, exact[name], batch).items():
             if not bool(pad.any()) or padded_note is not None:
                 continue
-            off = compare(got[name][pad], exact[name][pad], same[name][pad], torch.float32)
+            off = compare(got[name][pad], exact[name][pad], same[name][pad], mut.eager.dtype)
             if off.ok:
                 continue
             if not mut.eager.padding_unspecified:  # the eager model's own library declares nothing: held
@@ -240,7 +250,7 @@ def padding_invariance(mut: ModelUnderTest, batch: Batch) -> Measure:
         for name, value in mut.sequence_outputs(padded).items():
             error = largest(value[i][keep] - alone[name][0])
             extra = largest(alone_same[name] - alone_exact[name])
-            limit = _allowed(padded_exact[name][i][keep], padded_same[name][i][keep], extra)
+            limit = _allowed(padded_exact[name][i][keep], padded_same[name][i][keep], mut.eager.dtype, extra)
             if not math.isfinite(limit):
                 continue  # the oracle is not finite here: nothing is compared, nothing passes
             if not error <= limit:
@@ -249,7 +259,7 @@ def padding_invariance(mut: ModelUnderTest, batch: Batch) -> Measure:
                                      f"{batch.input_ids.shape[1]}) vs the item unpadded: max difference {error:.3g} > "
                                      f"allowed {limit:.3g}", error, limit,
                                      replay=replay_of(mut.fed(batch), name, expected, where, limit))
-            worst, allowed, checked = max(worst, error), min(allowed, limit), True
+            (worst, allowed), checked = nearest((worst, allowed), error, limit), True
     return Measure(worst, allowed) if checked else UNCHECKED
 
 
@@ -267,7 +277,7 @@ def batch_independence(mut: ModelUnderTest, batch: Batch) -> Measure:
             if not bool(real.any()):
                 continue  # a pooled output read at a pad
             error = largest(value[i][real] - alone[name][0][real])
-            limit = allowed_between(exact[name][i][real], same[name][i][real])
+            limit = allowed_between(exact[name][i][real], same[name][i][real], mut.eager.dtype)
             if not math.isfinite(limit):
                 continue  # the oracle is not finite here: nothing is compared, nothing passes
             if not error <= limit:
@@ -275,7 +285,7 @@ def batch_independence(mut: ModelUnderTest, batch: Batch) -> Measure:
                 raise ModelViolation(f"{name} of item {i} computed alone vs in a batch of "
                                      f"{batch.input_ids.shape[0]}: max difference {error:.3g} > allowed {limit:.3g}",
                                      error, limit, replay=replay_of(mut.fed(batch), name, expected, where, limit))
-            worst, allowed, checked = max(worst, error), min(allowed, limit), True
+            (worst, allowed), checked = nearest((worst, allowed), error, limit), True
     return Measure(worst, allowed) if checked else UNCHECKED
 
 

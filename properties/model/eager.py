@@ -2,13 +2,13 @@
 ``module:factory`` / ``file.py:factory`` spec (a factory called with no arguments, or a class built
 with none), called as the export is: by keyword, with the roles the graph takes.
 
-The oracle is this model in float64, the allowance comes from the same model in float32 (its
-own rounding in the precision the export runs in): :class:`EagerModel` holds both copies. A
-transformers model's float64 copy runs its SDPA attention, not its eager one: the eager attention
-casts the softmax to float32 on purpose (an upcast for half precision), which in float64 turns the
-mask's ``finfo(float64).min`` into -inf and a fully masked row (a left-padded pad) into NaN, then
-every token after it through the values (Llama at transformers 5.25).
-"""
+The oracle is this model in float64, the allowance comes from the same model in the precision the
+export computes in (float32, or float16 for a converted graph: its own rounding there):
+:class:`EagerModel` holds both copies. A transformers model's float64 copy runs its SDPA attention,
+not its eager one: the eager attention casts the softmax to float32 on purpose (an upcast for half
+precision), which in float64 turns the mask's ``finfo(float64).min`` into -inf and a fully masked
+row (a left-padded pad) into NaN, then every token after it through the values (Llama at
+transformers 5.25)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,8 @@ _OTHER_SCALING = ("query_pre_attn_scalar", "attention_multiplier", "attn_scale",
 
 @dataclass
 class EagerModel:
-    """``exact``: the model in float64 (the oracle); ``same``: in float32, as exported."""
+    """``exact``: the model in float64 (the oracle); ``same``: in ``dtype``, the precision the export
+    computes in (float32, or float16 for a converted graph)."""
 
     exact: nn.Module
     same: nn.Module
@@ -59,6 +60,7 @@ class EagerModel:
     type_vocab_size: int
     source: str
     dims: AttentionDims = field(default_factory=lambda: AttentionDims(None, None, None, None))
+    dtype: torch.dtype = torch.float32
 
     @property
     def cache_dims(self) -> tuple[int | None, int | None]:
@@ -102,9 +104,10 @@ def _outputs(out: object, names: tuple[str, ...]) -> list[torch.Tensor]:
     return tensors[:len(names)]
 
 
-def load_eager_model(spec: str) -> EagerModel:
-    """The eager model of ``spec`` (a folder with config.json, or a factory spec); TargetError naming
-    what is wrong. Nothing is downloaded: a folder is read with ``local_files_only``."""
+def load_eager_model(spec: str, dtype: torch.dtype = torch.float32) -> EagerModel:
+    """The eager model of ``spec`` (a folder with config.json, or a factory spec), its ``same`` copy in
+    ``dtype``; TargetError naming what is wrong. Nothing is downloaded: a folder is read with
+    ``local_files_only``."""
     path = Path(spec)
     if path.is_dir():
         model: object = _from_folder(path)
@@ -118,10 +121,10 @@ def load_eager_model(spec: str) -> EagerModel:
         source = spec
     if not isinstance(model, nn.Module):
         raise TargetError(f"--eager {spec} gave a {type(model).__name__}, not a torch.nn.Module")
-    model = model.float().eval()
     exact = _float64_attention(copy.deepcopy(model).double().eval())
+    model = model.to(dtype).eval()
     return EagerModel(exact, model, _vocab_size(model, spec), _max_length(model), _type_vocab(model), source,
-                      _attention_dims(model))
+                      _attention_dims(model), dtype)
 
 
 def _float64_attention(model: nn.Module) -> nn.Module:

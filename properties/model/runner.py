@@ -8,6 +8,7 @@ named with its type: a model that cannot take a batch it declares it takes is a 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from mha_verify.properties.engine.measure import Measure, Violation
 from mha_verify.properties.engine.results import KINDS, CheckResult
 from mha_verify.properties.model import cache, checks
 from mha_verify.properties.model.batches import PADDING, Batch, batches
-from mha_verify.properties.model.checks import ModelRaised, ModelUnderTest
+from mha_verify.properties.model.checks import ModelRaised, ModelUnderTest, nearest
 from mha_verify.properties.model.replay import ModelViolation, Replay
 
 STAGE = "model"
@@ -81,10 +82,10 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings, write_replay: 
             stats.failing, stats.message = batch, str(exc)  # harness's: it ends the search)
             stats.replay = exc.replay if isinstance(exc, ModelViolation) else None
             raise
-        if measure.checked:
+        if measure.checked:  # the worst is the example nearest its allowance, shown with that allowance
             stats.checked += 1
-            stats.worst = max(stats.worst, measure.error)
-            stats.allowed = measure.allowed if stats.allowed is None else min(stats.allowed, measure.allowed)
+            held = (stats.worst, math.inf if stats.allowed is None else stats.allowed)
+            stats.worst, stats.allowed = nearest(held, measure.error, measure.allowed)
         if measure.finding is not None:
             stats.findings.setdefault(*measure.finding)
 
