@@ -33,7 +33,8 @@ def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("fused")
     model = fused_models.fused_tiny()
     return {"fused": fused_models.write_fused(model, folder / "fused.onnx"),
-            "scale": fused_models.write_fused(model, folder / "scale.onnx", scale=fused_models.WIDTH ** -0.5)}
+            "scale": fused_models.write_fused(model, folder / "scale.onnx", scale=fused_models.WIDTH ** -0.5),
+            "mha": fused_models.write_fused(model, folder / "mha.onnx", op="MultiHeadAttention")}
 
 
 def _validate(model: Path, *more: str) -> subprocess.CompletedProcess[str]:
@@ -69,10 +70,14 @@ def test_a_cut_block_computes_the_nodes_attention_with_its_projections(graphs: d
     np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
 
-def test_blocks_are_verified_by_the_registry_and_named(graphs: dict[str, Path]) -> None:
-    done = _validate(graphs["fused"])
+@pytest.mark.parametrize("form", ["fused", "mha"])
+def test_blocks_are_verified_by_the_registry_and_named(graphs: dict[str, Path], form: str) -> None:
+    """The packed form (``Attention``) and the separate one (three MatMuls, then ``MultiHeadAttention``
+    adding the q/k/v biases from its packed bias input: read back for the oracle, or it would fail)."""
+    done = _validate(graphs[form])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Attention_0 (com.microsoft.Attention; num_heads 4; the mask as lengths from MaskLengths" in done.stdout
+    op = {"fused": "Attention", "mha": "MultiHeadAttention"}[form]
+    assert f"Attention_0 (com.microsoft.{op}; num_heads 4; the mask as lengths from MaskLengths" in done.stdout
     assert _row(done.stdout, "block Attention_0")[3] == "ok", done.stdout
     assert int(_row(done.stdout, "block Attention_0")[2]) > 0, done.stdout  # examples: it compared something
     assert "Attention_0 takes the attention mask as lengths" in done.stdout

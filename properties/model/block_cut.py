@@ -36,29 +36,23 @@ def cut_block(model: onnx.ModelProto, block: Block, out: Path) -> Path:
     """``block`` of ``model`` written to ``out`` as an attention layer file; ModelError naming why a
     block cannot be cut."""
     node = next((n for n in model.graph.node if n.name == block.name), None)
-    if node is None or (node.domain, node.op_type) != ("com.microsoft", "Attention"):
-        raise ModelError(f"{block.name} ({block.op}) is not cut out yet: only com.microsoft.Attention blocks are")
     consts = {i.name: i for i in model.graph.initializer}
-    weight, bias = (consts.get(name) for name in [*node.input, "", ""][1:3])
-    if weight is None or len(weight.dims) != 2 or weight.dims[1] != 3 * weight.dims[0]:
-        raise ModelError(f"{block.name} takes its q/k/v weights from {node.input[1]}, not a (D, 3D) initializer")
-    d = int(weight.dims[0])
-    if len(node.input) > 4 and any(node.input[4:]):
-        extra = ", ".join(i for i in node.input[4:] if i)
-        raise ModelError(f"{block.name} takes a past state or an extra bias ({extra}): not cut out yet")
+    if node is not None and (node.domain, node.op_type) == ("com.microsoft", "Attention"):
+        front, kept, d = _packed_front(node, consts, block)
+    elif node is not None and (node.domain, node.op_type) == ("com.microsoft", "MultiHeadAttention"):
+        front, kept, d = _separate_front(model, node, consts, block)
+    else:
+        raise ModelError(f"{block.name} ({block.op}) is not cut out yet: only com.microsoft.Attention and "
+                         "MultiHeadAttention blocks are")
     projection, o_bias = _output_projection(model, node.output[0], consts, d)
     if projection is None:
         raise ModelError(f"{block.name}'s output does not go through a (D, D) projection (MatMul by an initializer)")
-    kept = [weight, *([bias] if bias is not None else []), consts[projection.input[1]]]
-    attention = helper.make_node("Attention", ["x", weight.name, bias.name if bias is not None else "", "", "",
-                                               "attention_bias"], ["heads"], name=node.name, domain="com.microsoft")
-    attention.attribute.extend(node.attribute)
-    nodes = [attention, helper.make_node("MatMul", ["heads", projection.input[1]],
-                                         ["projected" if o_bias is not None else "out"])]
+    kept.append(consts[projection.input[1]])
+    nodes = [*front, helper.make_node("MatMul", ["heads", projection.input[1]],
+                                      ["projected" if o_bias is not None else "out"], name="out_proj/MatMul")]
     if o_bias is not None:
-        bias_init = numpy_helper.from_array(o_bias, "out_proj.bias")
-        kept.append(bias_init)
-        nodes.append(helper.make_node("Add", ["projected", "out_proj.bias"], ["out"]))
+        kept.append(numpy_helper.from_array(o_bias, "out_proj.bias"))
+        nodes.append(helper.make_node("Add", ["projected", "out_proj.bias"], ["out"], name="out_proj/Add"))
     graph = helper.make_graph(
         nodes, f"{block.name} cut from {model.graph.name or 'the model'}",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "length", d]),
@@ -69,6 +63,52 @@ def cut_block(model: onnx.ModelProto, block: Block, out: Path) -> Path:
     onnx.checker.check_model(cut)
     onnx.save(cut, str(out))
     return out
+
+
+def _packed_front(node: onnx.NodeProto, consts: dict[str, onnx.TensorProto], block: Block,
+                  ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], int]:
+    """``Attention``: x -> the node (packed (D, 3D) weights and (3D,) bias) -> heads."""
+    weight, bias = (consts.get(name) for name in [*node.input, "", ""][1:3])
+    if weight is None or len(weight.dims) != 2 or weight.dims[1] != 3 * weight.dims[0]:
+        raise ModelError(f"{block.name} takes its q/k/v weights from {node.input[1]}, not a (D, 3D) initializer")
+    if len(node.input) > 4 and any(node.input[4:]):
+        extra = ", ".join(i for i in node.input[4:] if i)
+        raise ModelError(f"{block.name} takes a past state or an extra bias ({extra}): not cut out yet")
+    attention = helper.make_node("Attention", ["x", weight.name, bias.name if bias is not None else "", "", "",
+                                               "attention_bias"], ["heads"], name=node.name, domain="com.microsoft")
+    attention.attribute.extend(node.attribute)
+    return [attention], [weight, *([bias] if bias is not None else [])], int(weight.dims[0])
+
+
+def _separate_front(model: onnx.ModelProto, node: onnx.NodeProto, consts: dict[str, onnx.TensorProto],
+                    block: Block) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], int]:
+    """``MultiHeadAttention`` fed by three MatMuls of one input by (D, D) initializers: x -> the three
+    (named q_proj, k_proj, v_proj) -> the node (its packed (3D,) bias kept) -> heads."""
+    producers = {out: n for n in model.graph.node for out in n.output}
+    inputs = [*node.input, "", "", "", "", "", ""]
+    matmuls = [producers.get(name) for name in inputs[:3]]
+    if any(m is None or m.op_type != "MatMul" or m.input[1] not in consts for m in matmuls):
+        raise ModelError(f"{block.name} does not read query, key and value from MatMuls by initializers (packed or "
+                         "cross-attention inputs): not cut out yet")
+    sources = {m.input[0] for m in matmuls}  # type: ignore[union-attr]
+    weights = [consts[m.input[1]] for m in matmuls]  # type: ignore[union-attr]
+    d = int(weights[0].dims[0])
+    if len(sources) != 1 or any(list(w.dims) != [d, d] for w in weights):
+        raise ModelError(f"{block.name} is not self-attention over one input with (D, D) projections: not cut "
+                         "out yet")
+    extra = ", ".join(i for i in inputs[5:8] if i)  # its key padding mask (input 4) is replaced, as a mask
+    if extra:
+        raise ModelError(f"{block.name} takes a past state or an attention bias ({extra}): not cut out yet")
+    bias = consts.get(inputs[3]) if inputs[3] else None
+    if inputs[3] and (bias is None or list(bias.dims) != [3 * d]):
+        raise ModelError(f"{block.name} takes its q/k/v bias from {inputs[3]}, not a (3D,) initializer")
+    front = [helper.make_node("MatMul", ["x", w.name], [f"{r}_proj"], name=f"{r}_proj/MatMul")
+             for r, w in zip("qkv", weights, strict=True)]
+    attention = helper.make_node("MultiHeadAttention", ["q_proj", "k_proj", "v_proj", bias.name if bias else "", "",
+                                                        "attention_bias"], ["heads"], name=node.name,
+                                 domain="com.microsoft")
+    attention.attribute.extend(node.attribute)
+    return [*front, attention], [*weights, *([bias] if bias is not None else [])], d
 
 
 def _output_projection(model: onnx.ModelProto, heads: str, consts: dict[str, onnx.TensorProto], d: int

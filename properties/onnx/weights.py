@@ -88,6 +88,9 @@ def projection_weights(path: str | os.PathLike[str], info: Interface, *,
         else:
             order = (*(i or "" for i in inputs[:3]), "o")
         roles = {r: (f[2], f[3]) for r, f in zip(order, found, strict=True)}
+    for role, bias in (_mha_bias(model, consts, d) or {}).items():
+        if roles[role][1] is None:  # onnxruntime's MultiHeadAttention adds them itself, from one (3D,) input
+            roles[role] = (roles[role][0], bias)
     return _flat(roles)
 
 
@@ -114,6 +117,19 @@ def _packed_qkv(model: onnx.ModelProto, consts: dict[str, np.ndarray],
             return None
         return {r: (w[:, i * d:(i + 1) * d].T, None if b is None else b[i * d:(i + 1) * d])  # x @ W -> (out, in)
                 for i, r in enumerate(("q", "k", "v"))}
+    return None
+
+
+def _mha_bias(model: onnx.ModelProto, consts: dict[str, np.ndarray], d: int) -> dict[str, np.ndarray] | None:
+    """The q, k, v biases a ``com.microsoft.MultiHeadAttention`` node adds from its packed (3D,) bias
+    input (the optimizer moves the projections' biases there); None if there is none."""
+    for node in model.graph.node:
+        if (node.domain, node.op_type) != ("com.microsoft", "MultiHeadAttention") or len(node.input) < 4:
+            continue
+        b = consts.get(node.input[3])
+        if b is None or b.shape != (3 * d,):
+            return None
+        return {r: b[i * d:(i + 1) * d] for i, r in enumerate(("q", "k", "v"))}
     return None
 
 
