@@ -83,7 +83,10 @@ EXPORT_TIMEOUT_FACTOR = 3.0
 @dataclass(frozen=True)
 class Limits:
     timeout: float | None = None  # seconds per task; None: from the task's example count (see timeout_for)
-    memory_gb: float | None = 16.0  # address-space limit of the worker (None: no limit)
+    # address space a task may add to what the worker had mapped when the task started (None: no
+    # limit): a headroom, not a total, so the libraries a target imports (numba's and OpenBLAS's
+    # reservations run to gigabytes of address space they never touch) do not eat an example's memory
+    memory_gb: float | None = 16.0
     torch_threads: int | None = None  # torch's intra-op threads in the worker (None: torch's default)
 
     def timeout_for(self, task: Task) -> float:
@@ -152,11 +155,6 @@ def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None
     # parent removes when the worker ends, however it ends (a killed worker unwinds nothing)
     tempfile.tempdir = tmp
     os.environ["TMPDIR"] = tmp
-    if memory_gb is not None:
-        import resource
-
-        limit = int(memory_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     if torch_threads is not None:
         import torch
 
@@ -172,10 +170,32 @@ def _worker(conn: Connection, memory_gb: float | None, torch_threads: int | None
             return
         fn, kwargs = task
         try:
+            if memory_gb is not None:
+                _limit_address_space(memory_gb)
             results = getattr(gate, fn)(**kwargs)
             conn.send(("ok", results))
         except BaseException as exc:  # reported by the parent as this task's failure
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def _mapped_bytes() -> int | None:
+    """This process's address space now (``VmSize``), None where /proc does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            line = next((line for line in status if line.startswith("VmSize:")), None)
+    except OSError:
+        return None
+    return None if line is None else int(line.split()[1]) * 1024
+
+
+def _limit_address_space(memory_gb: float) -> None:
+    """The soft address-space limit: what is mapped now plus ``memory_gb`` (the whole limit where the
+    mapping cannot be read); the hard limit stays, so the next task's headroom can be set again."""
+    import resource
+
+    limit = (_mapped_bytes() or 0) + int(memory_gb * 2**30)
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
 def describe_exit(code: int | None) -> str:

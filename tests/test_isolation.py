@@ -131,3 +131,21 @@ def test_a_worker_inherits_the_librarys_modules_and_still_runs_parallel_ops(libr
     assert proc.returncode == 0, proc.stderr
     had, threads, finite = json.loads(proc.stdout.strip().splitlines()[-1])
     assert had == list(LIBRARY_PRELOAD[library]) and threads == 2 and finite, proc.stdout
+
+
+@pytest.mark.slow
+def test_the_memory_limit_is_headroom_over_what_the_worker_has_mapped() -> None:
+    """A budget of 256 MiB is below the address space torch alone maps in the worker (as a total it
+    would not let the worker import torch), yet a small check runs in it: the limit is what a task
+    may add. A task that allocates past its headroom still fails, in its worker, as its failure."""
+    from mha_verify.isolation import _mapped_bytes, run_tasks
+
+    mapped = _mapped_bytes()
+    assert mapped is None or mapped > 2**28  # this process (torch imported) maps more than the budget itself
+    results = run_tasks([_property_task("determinism", None)], limits=Limits(timeout=120, memory_gb=0.25), jobs=1)
+    assert [r.verdict for r in results] == ["pass"], results
+    big = Task("oracle_agreement", "properties", "property_check", dict(
+        target_spec="tests/fixtures/bad_targets.py:Allocates", adapter=None, name="oracle_agreement", profile="ci",
+        max_examples=1, database=None, seed=None, replay=None), examples=1)
+    (result,) = run_tasks([big], limits=Limits(timeout=120, memory_gb=0.25), jobs=1)
+    assert result.verdict == "fail", result
