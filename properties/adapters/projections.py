@@ -24,13 +24,35 @@ def _linear_like(layer: object) -> bool:
 def output_layer(layer: object) -> nn.Module | None:
     """The output projection a layer holds under an output name: a linear-like layer, an
     nn.Identity (no projection), or the first of a ModuleList followed only by dropout and
-    identities (diffusers' ``to_out = [Linear, Dropout]``); None for anything else."""
+    identities (diffusers' ``to_out = [Linear, Dropout]``), after an einops ``Rearrange`` that merges
+    the heads in the standard order (vit-pytorch's ``to_out = [Rearrange('b h n d -> b n (h d)'),
+    Linear, Dropout]``); None for anything else."""
     if _linear_like(layer) or isinstance(layer, nn.Identity):
         return layer  # type: ignore[return-value]
-    if isinstance(layer, (nn.ModuleList, nn.Sequential)) and len(layer) and _linear_like(layer[0]) and all(
-            isinstance(m, (nn.modules.dropout._DropoutNd, nn.Identity)) for m in list(layer)[1:]):
-        return layer[0]
+    if not isinstance(layer, (nn.ModuleList, nn.Sequential)):
+        return None
+    parts = list(layer)
+    if parts and merges_heads(parts[0]):
+        parts = parts[1:]
+    if parts and _linear_like(parts[0]) and all(
+            isinstance(m, (nn.modules.dropout._DropoutNd, nn.Identity)) for m in parts[1:]):
+        return parts[0]
     return None
+
+
+def merges_heads(layer: object) -> bool:
+    """Whether ``layer`` is an einops ``Rearrange`` (no parameters) that merges a head axis ``h`` and a
+    head-width axis ``d`` into the last one as ``(h d)``, heads outer: the layout the oracle's
+    concatenation of heads has. A pattern that merges ``(d h)`` permutes the output projection's
+    inputs and is not read as a plain merge."""
+    if type(layer).__name__ != "Rearrange" or not type(layer).__module__.startswith("einops"):
+        return False
+    pattern = getattr(layer, "pattern", None)
+    if not isinstance(pattern, str) or "->" not in pattern:
+        return False
+    left, right = (" ".join(side.split()) for side in pattern.split("->", 1))
+    tokens = left.split()
+    return right.endswith("(h d)") and "h" in tokens and "d" in tokens and tokens.index("h") < tokens.index("d")
 
 
 def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

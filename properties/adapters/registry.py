@@ -27,6 +27,7 @@ from mha_verify.properties.adapters.base import (
 )
 from mha_verify.properties.adapters.by_shape import ByShapeAdapter
 from mha_verify.properties.adapters.projections import STRUCTURAL
+from mha_verify.properties.adapters.unmodelled import convolution_projections
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, TargetError
 
@@ -125,6 +126,11 @@ def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
     for adapter in known:
         if adapter.matches(module):
             return adapter
+    convolutions = convolution_projections(module)
+    if convolutions:  # attention over a feature map (B, C, H, W): no adapter reads it as (B, L, D)
+        raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: q, k, v "
+                         f"projected by convolutions over a feature map ({', '.join(convolutions)}), attention over "
+                         "(B, C, H, W) positions rather than a sequence (B, L, D), so it cannot be verified yet")
     # the adapters by name only: their descriptions are what `mha-verify list` prints, and the error
     # stays one readable line
     raise ValueError(

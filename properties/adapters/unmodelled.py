@@ -53,3 +53,21 @@ def describe_steps(module: nn.Module, names: list[str], heads: int | None) -> st
     params = dict(module.named_parameters())
     steps = [describe_step(module, n, params[n], heads) for n in names]
     return ", ".join(dict.fromkeys(steps))
+
+
+_PROJECTION_NAME = re.compile(r"(^|_)(q|k|v|qk|kv|qkv|query|key|value)($|_)", re.IGNORECASE)
+
+
+def convolution_projections(module: nn.Module) -> list[str]:
+    """The q, k, v projections of ``module`` (children named for them: ``to_q``, ``to_kv``, ``qkv``)
+    that are convolutions, or blocks that start with one (LeViT's ``Sequential(Conv2d, BatchNorm)``,
+    RvT's ``SpatialConv``), each as ``name: Conv2d``: attention over a feature map's positions."""
+    found = []
+    for name, child in module.named_children():
+        if not _PROJECTION_NAME.search(name.removeprefix("to_")):
+            continue
+        first = child[0] if isinstance(child, nn.Sequential) and len(child) else child
+        convs = [m for m in first.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+        if convs:
+            found.append(f"{name}: {type(convs[0]).__name__}")
+    return found
