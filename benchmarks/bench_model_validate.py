@@ -68,6 +68,8 @@ def _row(pipeline: str, model: Path, eager: str, profile: str) -> str:
         if len(parts) >= 3 and parts[0] in ("outputs_agree", "padding_invariance", "batch_independence",
                                              "fully_padded_finite", "cache_consistency"):
             verdicts[parts[0]] = parts[2]
+        elif len(parts) >= 4 and parts[0] == "block":  # "block NODE examples verdict ...": one per fused block
+            verdicts[f"block {parts[1]}"] = parts[3]
     kinds = re.search(r"\d+ passed, \d+ failed.*", done.stdout)
     return (f"| {pipeline} | {inputs.group(1) if inputs else '?'} | {blocks.group(1) if blocks else '?'}{lengths} | "
             f"{', '.join(f'{k} {v}' for k, v in verdicts.items())} | {kinds.group(0) if kinds else done.stderr[-200:]} "
