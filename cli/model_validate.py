@@ -18,7 +18,11 @@ from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
 from mha_verify.properties.engine.results import CheckResult
 
 if TYPE_CHECKING:
+    import onnx
+
     from mha_verify.properties.model.checks import ModelUnderTest
+    from mha_verify.properties.model.eager import AttentionDims
+    from mha_verify.properties.model.graph_blocks import Block
     from mha_verify.properties.model.replay import Replay
     from mha_verify.properties.model.runner import ReplayWriter
 
@@ -96,7 +100,6 @@ def validate_model(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-
 def _replay_writer(args: argparse.Namespace, mut: ModelUnderTest) -> ReplayWriter | None:
     """Writes a failure's replay as a reproduction bundle under ``--bundle-dir`` (None without it)."""
     if not args.bundle_dir:
@@ -117,8 +120,8 @@ def _replay_writer(args: argparse.Namespace, mut: ModelUnderTest) -> ReplayWrite
     return write
 
 
-def _verify_blocks(args: argparse.Namespace, model: object, blocks: list, dims: object, agrees: bool | None,
-                   done: int, total: int) -> list[CheckResult]:
+def _verify_blocks(args: argparse.Namespace, model: onnx.ModelProto, blocks: list[Block], dims: AttentionDims,
+                   agrees: bool | None, done: int, total: int) -> list[CheckResult]:
     """Each fused attention block, one result named by its node. A block whose attributes state another
     attention than the eager model's config (``dims``: heads, scale) fails where the whole model
     disagrees with its eager model too (``agrees`` False: the block is where); where the whole model
@@ -140,7 +143,7 @@ def _verify_blocks(args: argparse.Namespace, model: object, blocks: list, dims: 
             name = f"block {block.name}"
             print(f"  [{done + i + 1}/{total}] running {name} ...", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            differs = disagreements(block, dims)  # type: ignore[arg-type]
+            differs = disagreements(block, dims)
             if differs and agrees is False:
                 results.append(CheckResult(name, "blocks", "fail", seconds=time.perf_counter() - start,
                                            reason=f"{block.describe()}: {'; '.join(differs)}: the node computes "
@@ -148,13 +151,14 @@ def _verify_blocks(args: argparse.Namespace, model: object, blocks: list, dims: 
                                                   "run on it)"))
                 continue
             try:
-                path = cut_block(model, block, Path(folder) / f"block{i}.onnx")  # type: ignore[arg-type]
+                path = cut_block(model, block, Path(folder) / f"block{i}.onnx")
             except ModelError as exc:
                 results.append(CheckResult(name, "blocks", "n/a", reason=str(exc)))
                 continue
             checks = layer_results(argparse.Namespace(**{**vars(args), **_LAYER_DEFAULTS, "model": str(path)}),
                                    quiet=True)
-            note = f" ({'; '.join(differs)}, while the whole model agrees with its eager model)" if differs else ""
+            whole = "while the whole model agrees with its eager model" if agrees else "outputs_agree not run"
+            note = f" ({'; '.join(differs)}, {whole})" if differs else ""
             results.append(_block_result(name, block.describe() + note, checks, time.perf_counter() - start))
     return results
 
