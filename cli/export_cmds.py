@@ -119,7 +119,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if whole:  # a whole text model: its own inputs, checks and eager model
         from mha_verify.model_validate import validate_model
 
-        return validate_model(args)
+        return validate_model(args, layer_results)
     if args.model_inputs or args.only or args.max_examples is not None or not args.blocks:
         return usage_error("--model-inputs, --only, --max-examples and --no-blocks are for a whole model taking "
                            f"token ids; {args.model} is an attention layer (map its inputs with --inputs)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,7 +28,12 @@ if TYPE_CHECKING:
     from mha_verify.properties.model.runner import ReplayWriter
 
 
-def validate_model(args: argparse.Namespace) -> int:
+#: the attention-layer validation a cut block goes through (``export_cmds.layer_results``, handed in
+#: by the caller: this module is imported by ``export_cmds``, and imports nothing back)
+LayerResults = Callable[..., "list[CheckResult] | int"]
+
+
+def validate_model(args: argparse.Namespace, layer_results: LayerResults) -> int:
     import torch
     from hypothesis import settings as Settings
 
@@ -89,7 +95,7 @@ def validate_model(args: argparse.Namespace) -> int:
         results.append(run_check(name, mut, settings, _replay_writer(args, mut)))
     if args.blocks:
         agrees = next((r.verdict in ("pass", "finding") for r in results if r.name == "outputs_agree"), None)
-        results += _verify_blocks(args, model, blocks, eager.dims, agrees, len(results), total)
+        results += _verify_blocks(args, layer_results, model, blocks, eager.dims, agrees, len(results), total)
     print(printable("\n".join((report_text.table(results, "validate"), report_text.failures(results),
                                 report_text.findings(results), report_text.summary(results)))))
     if any(r.failed for r in results):
@@ -120,19 +126,19 @@ def _replay_writer(args: argparse.Namespace, mut: ModelUnderTest) -> ReplayWrite
     return write
 
 
-def _verify_blocks(args: argparse.Namespace, model: onnx.ModelProto, blocks: list[Block], dims: AttentionDims,
-                   agrees: bool | None, done: int, total: int) -> list[CheckResult]:
+def _verify_blocks(args: argparse.Namespace, layer_results: LayerResults, model: onnx.ModelProto,
+                   blocks: list[Block], dims: AttentionDims, agrees: bool | None, done: int,
+                   total: int) -> list[CheckResult]:
     """Each fused attention block, one result named by its node. A block whose attributes state another
     attention than the eager model's config (``dims``: heads, scale) fails where the whole model
     disagrees with its eager model too (``agrees`` False: the block is where); where the whole model
     agrees, the model evidently scales otherwise and that is said. Each block is then cut out with its
     projections and held to the oracle by the property registry
-    (:func:`mha_verify.export_cmds.layer_results`): fail where any of its checks failed (named),
+    (``layer_results``): fail where any of its checks failed (named),
     pass where its checks passed, n/a where it cannot be cut (the reason)."""
     import tempfile
     import time
 
-    from mha_verify.export_cmds import layer_results
     from mha_verify.properties.model.block_cut import cut_block
     from mha_verify.properties.model.graph_blocks import disagreements
     from mha_verify.properties.onnx.model_file import ModelError

@@ -33,8 +33,14 @@ def test_a_lazy_module_the_target_imports_does_not_stop_the_draw(name: str) -> N
 
 
 def test_an_error_outside_the_targets_calls_is_named_the_harness_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unshielded, Hypothesis's walk of sys.modules meets the lazy module and raises ImportError; where
+    this worker first imported other modules during the first example, the constants Hypothesis reads
+    from new modules change between its runs and it raises FlakyStrategyDefinition first (seen on a
+    clean clone with -n 2). Either is raised by the example generation, outside the target's calls."""
     monkeypatch.setattr(runner, "shield_module_walk", lambda: None)
     result = runner.run_property(all_properties()["query_permutation"], load_target(SPEC), settings=SETTINGS)
     assert result.verdict == "warn", result
-    assert str(result.reason).startswith("not the target's: the harness's example generation raised ImportError")
+    raised = str(result.reason).removeprefix("not the target's: the harness's example generation raised ")
+    assert raised != str(result.reason), result.reason
+    assert raised.startswith(("ImportError", "FlakyStrategyDefinition")), result.reason
     assert "the target raised" not in str(result.reason)
