@@ -4,12 +4,12 @@ The batch's tokens are fed in steps (a prefill of ``P`` tokens, up to three sing
 then the rest as one chunk), each step given the cache the step before returned and the attention
 mask of every position so far, as onnxruntime-genai and Optimum's ``with-past`` models are driven.
 Every real token's outputs at each step must equal the full forward's at that position (one run,
-empty cache), within the eager model's own float32 error on both sides; each returned cache must
-hold every position fed so far. A graph that reads its mask as lengths (right padding only) is held
-to the relation under right padding, and what it does under left padding or holes is a finding of
-kind "outside a documented precondition"; one that reads the cache's length from the mask
-(``GroupQueryAttention``'s ``seqlens_k``) is extended by real tokens only, as generation does.
-"""
+empty cache), within the eager model's own error (in the graph's precision) on both sides; each
+returned cache must hold every position fed so far. A graph that reads its mask as lengths (right
+padding only) is held to the relation under right padding, and what it does under left padding or
+holes is a finding of kind "outside a documented precondition"; one that reads the cache's length
+from the mask (``GroupQueryAttention``'s ``seqlens_k``) is extended by real tokens only, as
+generation does. """
 
 from __future__ import annotations
 
