@@ -333,7 +333,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     va.add_argument("--conventions", default=None, metavar="KEY=VALUE,...",
                     help="what the file cannot say: fully_masked=zeros|uniform|uniform_visible|nan (what a fully "
                     "masked row gives), "
-                    "causal=true|false, scale=X (the softmax scale; default 1/sqrt(Hd) or the attention operator's)")
+                    "causal=true|false|bottom_right, scale=X (the softmax scale; default 1/sqrt(Hd) or the attention "
+                    "operator's), rotary=BASE;INTERLEAVED;FRACTION;REVERSE (RoPE on q and k: 10000;false;1;false), "
+                    "rows_unspecified=true (what a fully masked row gives is the runtime's to choose: finite is "
+                    "required, another value is a finding)")
     va.add_argument("--eager", default=None, metavar="DIR_OR_SPEC",
                     help="the model the file was exported from: a transformers save_pretrained folder or "
                     "module:factory (for a whole model taking token ids; for a layer, the same as --target)")

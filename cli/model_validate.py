@@ -139,10 +139,15 @@ def _verify_blocks(args: argparse.Namespace, layer_results: LayerResults, model:
     import tempfile
     import time
 
+    import onnx
+
     from mha_verify.properties.model.block_cut import cut_block
     from mha_verify.properties.model.graph_blocks import disagreements
-    from mha_verify.properties.onnx.model_file import ModelError
+    from mha_verify.properties.onnx.model_file import ModelError, load_model
 
+    if blocks and any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        # a cut keeps the weights it computes with (the size was checked when the graph was read)
+        model = load_model(args.model, max_external_bytes=int(args.max_external_data_gb * 2**30))
     results: list[CheckResult] = []
     with tempfile.TemporaryDirectory(prefix="mha-verify-blocks-") as folder:
         for i, block in enumerate(blocks):
@@ -157,14 +162,17 @@ def _verify_blocks(args: argparse.Namespace, layer_results: LayerResults, model:
                                                   "run on it)"))
                 continue
             try:
-                path = cut_block(model, block, Path(folder) / f"block{i}.onnx")
+                cut = cut_block(model, block, Path(folder) / f"block{i}.onnx", dims)
             except ModelError as exc:
                 results.append(CheckResult(name, "blocks", "n/a", reason=str(exc)))
                 continue
-            checks = layer_results(argparse.Namespace(**{**vars(args), **_LAYER_DEFAULTS, "model": str(path)}),
+            checks = layer_results(argparse.Namespace(**{**vars(args), **_LAYER_DEFAULTS, "model": str(cut.path)}),
                                    quiet=True)
-            whole = "while the whole model agrees with its eager model" if agrees else "outputs_agree not run"
-            note = f" ({'; '.join(differs)}, {whole})" if differs else ""
+            whole = {True: "while the whole model agrees with its eager model",
+                     False: "where the whole model disagrees with its eager model too",
+                     None: "outputs_agree not run"}[agrees]
+            said = [*differs, *cut.notes]
+            note = f" ({'; '.join(said)}, {whole})" if said else ""
             results.append(_block_result(name, block.describe() + note, checks, time.perf_counter() - start))
     return results
 
@@ -180,12 +188,13 @@ def _block_result(name: str, what: str, checks: list[CheckResult] | int, seconds
                            reason=f"{what}: the cut-out block was refused as an attention file (said above)")
     failed = [c for c in checks if c.failed]
     passed = [c for c in checks if c.verdict == "pass"]
+    names = ", ".join(dict.fromkeys(c.name.split("/")[-1] for c in failed))  # one per property, not per variant
     counts = f"{len(passed)} of {len(checks)} checks passed, {len(failed)} failed"
     if failed:
         first = failed[0]
         return CheckResult(name, "blocks", "fail", examples=sum(c.examples for c in checks), seconds=seconds,
                            worst_error=first.worst_error, allowed=first.allowed, counterexample=first.counterexample,
-                           reason=f"{what}: {counts} ({', '.join(c.name.split('/')[-1] for c in failed)}); "
+                           reason=f"{what}: {counts} ({names}); "
                                   f"{first.name.split('/')[-1]}: {first.reason}")
     if not passed:
         return CheckResult(name, "blocks", "n/a", seconds=seconds, reason=f"{what}: no check of the registry passed")

@@ -50,6 +50,28 @@ class Rotary:
                 return m
         raise ValueError(f"no head width rotates an even number of columns at fraction={self.fraction}")
 
+    def text(self) -> str:
+        """``base;interleaved;fraction;reverse`` (``10000.0;false;1.0;false``): how a model file's
+        metadata, ``--conventions rotary=`` and an eager target's conventions state it."""
+        return (f"{self.base!r};{'true' if self.interleaved else 'false'};{self.fraction!r};"
+                f"{'true' if self.reverse else 'false'}")
+
+    @classmethod
+    def parse(cls, text: str) -> Rotary:
+        """:meth:`text` read back; ValueError naming the text for anything else (it may come from a
+        file: it is checked, never evaluated)."""
+        parts = text.split(";")
+        flags = ("true", "false")
+        try:
+            base, interleaved, fraction, reverse = parts
+            if interleaved not in flags or reverse not in flags:
+                raise ValueError
+            return cls(float(base), interleaved == "true", float(fraction), reverse == "true")
+        except ValueError:
+            raise ValueError(f"rotary takes base;interleaved;fraction;reverse (10000.0;false;1.0;false), with "
+                             f"interleaved and reverse true or false, a base > 1 and a fraction in (0, 1]; "
+                             f"got {text[:80]!r}") from None
+
     def describe(self) -> str:
         layout = "interleaved pairs" if self.interleaved else "halves"
         part = "" if self.fraction == 1.0 else f", {self.fraction:g} of each head"

@@ -1,8 +1,11 @@
 """Each fused attention block of a whole model found, cut out with its projections and held to the
 float64 oracle by the property registry, named by its node; a node whose attributes state another
 attention than its eager model's (the scale of 1/sqrt(D) where the model scales by 1/sqrt(Hd)) fails,
-named. The model is tests/fixtures/fused_models.py: a hand-written graph of the optimizer's form,
-no transformers needed."""
+named, and so does a GroupQueryAttention whose rotary caches depart from its eager model's RoPE. The
+models are tests/fixtures/fused_models.py (the optimizer's ``Attention`` and ``MultiHeadAttention``)
+and tests/fixtures/grouped_models.py (the genai builder's ``GroupQueryAttention``): hand-written
+graphs, no transformers needed; and the ONNX ``Attention`` op of torch.onnx's opset-23 export of
+tests/fixtures/token_models.py, extracted from the graph."""
 
 from __future__ import annotations
 
@@ -24,8 +27,11 @@ from mha_verify.properties.onnx.model_file import ModelError
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = "tests/fixtures/fused_models.py"
+GROUPED = "tests/fixtures/grouped_models.py"
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 import fused_models  # noqa: E402
+import grouped_models  # noqa: E402
+import token_models  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +43,18 @@ def graphs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "mha": fused_models.write_fused(model, folder / "mha.onnx", op="MultiHeadAttention")}
 
 
-def _validate(model: Path, *more: str) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def grouped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("grouped")
+    model = grouped_models.grouped_tiny()
+    return {"gqa": grouped_models.write_grouped(model, folder / "gqa.onnx"),
+            "base": grouped_models.write_grouped(model, folder / "base.onnx", cache_base=500000.0),
+            "softcap": grouped_models.write_grouped(model, folder / "softcap.onnx", softcap=30.0)}
+
+
+def _validate(model: Path, *more: str, eager: str = f"{FIXTURE}:fused_tiny") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mha_verify.cli", "validate", str(model), "--eager",
-                           f"{FIXTURE}:fused_tiny", "--profile", "quick", *more],
+                           eager, "--profile", "quick", *more],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -55,7 +70,7 @@ def test_a_cut_block_computes_the_nodes_attention_with_its_projections(graphs: d
     own weights (not read back from the graph): packed q/k/v, 4 heads, output projection and bias."""
     model = onnx.load(str(graphs["fused"]))
     (block,) = attention_blocks(model)
-    cut = cut_block(model, block, tmp_path / "block.onnx")
+    cut = cut_block(model, block, tmp_path / "block.onnx").path
     eager = fused_models.fused_tiny()
     d = fused_models.WIDTH
     w = eager.qkv.detach().double()
@@ -112,6 +127,88 @@ def test_disagreements_read_heads_and_scale_against_the_config() -> None:
 
 def test_a_block_of_another_op_is_not_cut_and_says_so(tmp_path: Path) -> None:
     model = onnx.load(str(fused_models.write_fused(fused_models.fused_tiny(), tmp_path / "f.onnx")))
-    gqa = Block("GroupQueryAttention_0", "com.microsoft.GroupQueryAttention", {}, "lengths", "")
-    with pytest.raises(ModelError, match=r"GroupQueryAttention_0 .* is not cut out yet: only com\.microsoft\.Att"):
-        cut_block(model, gqa, tmp_path / "cut.onnx")
+    other = Block("Attention_9", "onnx.Attention", {}, "mask", "")
+    with pytest.raises(ModelError, match=r"Attention_9 .* is not cut out yet: only com\.microsoft\.Att"):
+        cut_block(model, other, tmp_path / "cut.onnx")
+
+
+def test_a_cut_grouped_block_computes_the_models_attention(grouped: dict[str, Path], tmp_path: Path) -> None:
+    """The cut GroupQueryAttention (packed q/k/v, 4 query heads over 2 key/value heads, RoPE from its
+    caches, causal) run by onnxruntime against the fixture's own torch attention, mask through the
+    additive bias; its RoPE stated in the file as the eager config's and, without a config, as read
+    from the caches."""
+    model = onnx.load(str(grouped["gqa"]))
+    (block,) = attention_blocks(model)
+    config = AttentionDims(4, 2, 16, 0.25, rope_base=10000.0, rope_type="default")
+    cut = cut_block(model, block, tmp_path / "block.onnx", config)
+    assert cut.notes == ()
+    eager = grouped_models.grouped_tiny()
+    x = torch.randn(2, 7, grouped_models.WIDTH, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 0, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    bias = torch.zeros(2, 1, 7, 7).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    got = ort.InferenceSession(str(cut.path)).run(None, {"x": x.numpy(), "attention_bias": bias.numpy()})[0]
+    want = eager.attend(x, keep).detach().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    said = {p.key: p.value for p in onnx.load(str(cut.path)).metadata_props}
+    assert said["rotary"] == "10000.0;false;1.0;false" and said["rows_unspecified"] == "true", said
+    read = cut_block(model, block, tmp_path / "read.onnx")  # no config: the base its caches hold
+    assert {p.key: p.value for p in onnx.load(str(read.path)).metadata_props}["rotary"] == "10000.0;false;1.0;false"
+
+
+def test_a_grouped_block_is_verified_and_its_cache_departure_fails(grouped: dict[str, Path]) -> None:
+    """The block passes the registry (GQA, rotary, causal bottom-right read from the node); the twin
+    whose cos/sin caches hold base 500000 where the eager config says 10000 fails the whole model and
+    the block, which names the departure."""
+    done = _validate(grouped["gqa"], eager=f"{GROUPED}:grouped_tiny")
+    assert done.returncode == 0, done.stdout + done.stderr
+    row = _row(done.stdout, "block GroupQueryAttention_0")
+    assert row[3] == "ok" and int(row[2]) > 0, done.stdout
+    assert _row(done.stdout, "padding_invariance")[2] == "ok", done.stdout
+    twin = _validate(grouped["base"], eager=f"{GROUPED}:grouped_tiny")
+    assert twin.returncode == 1, twin.stdout + twin.stderr
+    assert _row(twin.stdout, "outputs_agree")[2] == "FAIL", twin.stdout
+    assert _row(twin.stdout, "block GroupQueryAttention_0")[3] == "FAIL", twin.stdout
+    assert "its cos/sin caches are not the eager config's RoPE of base 10000 (position" in twin.stdout
+    assert "oracle_agreement" in twin.stdout
+
+
+def test_a_grouped_block_beyond_the_oracle_is_refused_by_name(grouped: dict[str, Path], tmp_path: Path) -> None:
+    model = onnx.load(str(grouped["softcap"]))
+    (block,) = attention_blocks(model)
+    with pytest.raises(ModelError, match=r"GroupQueryAttention_0 takes softcap 30\.0: not cut out yet"):
+        cut_block(model, block, tmp_path / "cut.onnx")
+    plain = onnx.load(str(grouped["gqa"]))
+    scaled = AttentionDims(4, 2, 16, 0.25, rope_base=10000.0, rope_type="llama3")
+    with pytest.raises(ModelError, match=r"rotates by the eager config's 'llama3' rotary .*only plain RoPE"):
+        cut_block(plain, attention_blocks(plain)[0], tmp_path / "cut.onnx", scaled)
+
+
+@pytest.fixture(scope="module")
+def attention_op(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("opset23")
+    paths = {"rows": folder / "rows.onnx", "keys": folder / "keys.onnx"}
+    token_models.export_attention_op(token_models.query_axis_mask(), str(paths["rows"]))
+    token_models.export_attention_op(token_models.encoder(), str(paths["keys"]))
+    return paths
+
+
+def test_onnx_attention_op_blocks_are_extracted_and_verified(attention_op: dict[str, Path]) -> None:
+    """torch.onnx at opset 23 writes scaled_dot_product_attention as the ONNX ``Attention`` op, q/k/v
+    from one packed Linear split in three, weights beside the model as external data: each node is
+    extracted with its projections and its boolean mask, and held to the oracle."""
+    done = _validate(attention_op["rows"], eager="tests/fixtures/token_models.py:encoder")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "attention blocks in the graph: 2" in done.stdout
+    for node in ("node_scaled_dot_product_attention", "node_scaled_dot_product_attention_1"):
+        row = _row(done.stdout, f"block {node}")
+        assert row[3] == "ok" and int(row[2]) > 0, done.stdout
+
+
+def test_a_mask_the_onnx_op_broadcasts_and_onnxruntime_refuses_fails(attention_op: dict[str, Path]) -> None:
+    """A (B, 1, 1, L) key-padding mask, broadcastable as the ONNX operator says, is refused by onnxruntime's
+    CPU kernel at run time (it requires the query axis): the model and each block fail, the cause named."""
+    done = _validate(attention_op["keys"], eager="tests/fixtures/token_models.py:encoder")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert _row(done.stdout, "outputs_agree")[2] == "FAIL", done.stdout
+    assert _row(done.stdout, "block node_scaled_dot_product_attention")[3] == "FAIL", done.stdout
+    assert "inconsistent q_sequence_length (between attn_mask and Q)" in done.stdout

@@ -82,3 +82,5 @@ def test_genai_builder_llama_is_held_within_group_query_attentions_preconditions
     assert verdicts["batch_independence"] == "ok", done.stdout
     assert verdicts["cache_consistency"] in ("ok", "finding"), done.stdout  # a finding: outside its precondition
     assert "FAIL" not in verdicts.values(), done.stdout
+    blocks = [line.split() for line in done.stdout.splitlines() if line.startswith("  block /model/layers.")]
+    assert len(blocks) == 2 and all(row[3] == "ok" and int(row[2]) > 0 for row in blocks), done.stdout

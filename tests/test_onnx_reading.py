@@ -123,10 +123,23 @@ def test_the_mask_kind_is_read_or_declared_and_checked_against_the_type() -> Non
 def test_conventions_take_checked_keys() -> None:
     assert parse_conventions("fully_masked=uniform, causal=true") == {"fully_masked": "uniform", "causal": "true"}
     assert parse_conventions("scale=1") == {"scale": "1.0"}
-    with pytest.raises(ValueError, match="KEY in fully_masked, causal, scale"):
+    with pytest.raises(ValueError, match="KEY in fully_masked, causal, scale, rotary, rows_unspecified"):
         parse_conventions("window=2")
     for bad in ("scale=0", "scale=-1", "scale=nan", "scale=x"):
         with pytest.raises(ValueError, match="--conventions scale must be a positive number"):
             parse_conventions(bad)
     with pytest.raises(ValueError, match="fully_masked must be one of zeros, uniform, uniform_visible, nan"):
         parse_conventions("fully_masked=inf")
+
+
+def test_a_rotary_and_unspecified_rows_are_declarable_and_checked() -> None:
+    """A file's metadata or ``--conventions`` may state the RoPE (a cut GroupQueryAttention block does) and
+    that fully masked rows are the runtime's to choose; the text is read back as numbers and flags only."""
+    assert parse_conventions("rotary=500000;true;0.5;false, rows_unspecified=true") == {
+        "rotary": "500000.0;true;0.5;false", "rows_unspecified": "true"}
+    for bad in ("rotary=10000", "rotary=10000;yes;1;false", "rotary=1;false;1;false", "rotary=1e4;false;2;false",
+                "rotary=__import__('os');false;1;false"):
+        with pytest.raises(ValueError, match="--conventions rotary: rotary takes base;interleaved;fraction;reverse"):
+            parse_conventions(bad)
+    with pytest.raises(ValueError, match="rows_unspecified must be one of true, false"):
+        parse_conventions("rows_unspecified=maybe")

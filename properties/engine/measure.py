@@ -124,3 +124,15 @@ def worst(*measures: Measure) -> Measure:
 
 CheckFn = Callable[[Instance, AttnExample], Measure]
 RelationFn = Callable[[Instance, Instance, AttnExample], Measure]
+
+
+def error_line(exc: BaseException, limit: int = 300) -> str:
+    """An exception's first line in at most ``limit`` characters for a report: its start and its end,
+    where runtimes put the cause (onnxruntime: "Status Message: FILE:LINE SIGNATURE ... was false.
+    inconsistent q_sequence_length ...")."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if len(first) <= limit:
+        return first
+    half = (limit - 3) // 2
+    return f"{first[:half]} … {first[-half:]}"
+

@@ -28,7 +28,7 @@ from mha_verify.mha.reference import multi_head
 from mha_verify.properties.engine.call_path import Checked, weights_if_any
 from mha_verify.properties.engine.keyed_database import keyed
 from mha_verify.properties.engine.lazy_modules import shield_module_walk
-from mha_verify.properties.engine.measure import Measure, Violation
+from mha_verify.properties.engine.measure import Measure, Violation, error_line
 from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
 from mha_verify.properties.engine.results import CheckResult
@@ -101,8 +101,7 @@ def _json_ratio(x: float) -> float | str:
 def _summary(exc: BaseException) -> str:
     if isinstance(exc, Violation):
         return str(exc)
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"the target raised {type(exc).__name__}: {first[:300]}"
+    return f"the target raised {type(exc).__name__}: {error_line(exc)}"
 
 
 SWEEP_EXAMPLES = 2  # examples per boundary case of the sizes, swept after the random examples

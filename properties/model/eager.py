@@ -33,13 +33,17 @@ DEFAULT_MAX_LENGTH = 129
 @dataclass(frozen=True)
 class AttentionDims:
     """The attention sizes the eager model's config states (None where it states none): query heads,
-    key/value heads, head dim, and the softmax scale 1/sqrt(head dim) where nothing in the config
-    says the model scales otherwise (T5's unscaled scores, Gemma's query_pre_attn_scalar, ...)."""
+    key/value heads, head dim, the softmax scale 1/sqrt(head dim) where nothing in the config
+    says the model scales otherwise (T5's unscaled scores, Gemma's query_pre_attn_scalar, ...), and
+    its rotary: base and type (transformers 5's ``rope_parameters``, 4's ``rope_theta`` and
+    ``rope_scaling``)."""
 
     heads: int | None
     kv_heads: int | None
     head_dim: int | None
     scale: float | None
+    rope_base: float | None = None  # the config's rope_theta
+    rope_type: str = ""  # "default" for plain RoPE; another (llama3, yarn, ...) scales its frequencies
 
 
 #: config fields that say a model's softmax scale is not 1/sqrt(head_dim)
@@ -198,7 +202,13 @@ def _attention_dims(model: nn.Module) -> AttentionDims:
     if head_dim is None and heads and number("hidden_size"):
         head_dim = int(number("hidden_size") or 0) // heads
     other = config is None or any(hasattr(config, name) for name in _OTHER_SCALING)
-    return AttentionDims(heads, kv_heads, head_dim, None if other or head_dim is None else head_dim ** -0.5)
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    rope = rope if isinstance(rope, dict) else {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    kind = rope.get("rope_type", rope.get("type", "default" if theta is not None else ""))
+    return AttentionDims(heads, kv_heads, head_dim, None if other or head_dim is None else head_dim ** -0.5,
+                         float(theta) if isinstance(theta, (int, float)) and theta > 1 else None,
+                         kind if isinstance(kind, str) else "")
 
 
 def _type_vocab(model: nn.Module) -> int:

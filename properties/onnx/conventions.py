@@ -36,9 +36,7 @@ def eager_conventions(conv: Conventions) -> dict[str, str]:
     if conv.kv_shared:
         out["kv_shared"] = "true"
     if conv.rotary is not None:
-        r = conv.rotary
-        out["rotary"] = f"{r.base!r};{'true' if r.interleaved else 'false'};{r.fraction!r};" \
-                        f"{'true' if r.reverse else 'false'}"
+        out["rotary"] = conv.rotary.text()
     if conv.softcap is not None:
         out["softcap"] = repr(float(conv.softcap))
     if conv.window is not None:
@@ -50,5 +48,4 @@ def eager_conventions(conv: Conventions) -> dict[str, str]:
 
 def rotary_from(text: str) -> Rotary:
     """:func:`eager_conventions`' ``rotary`` text -> a Rotary (ValueError for any other text)."""
-    base, interleaved, fraction, reverse = text.split(";")
-    return Rotary(float(base), interleaved == "true", float(fraction), reverse == "true")
+    return Rotary.parse(text)

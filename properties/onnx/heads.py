@@ -78,14 +78,15 @@ def n_head_from_graph(model: onnx.ModelProto, d_model: int | None) -> tuple[int 
 
 #: (domain, op type) of the fused attention operators whose attributes state conventions
 ATTENTION_OPS = {("", "Attention"), ("ai.onnx", "Attention"), ("com.microsoft", "Attention"),
-                 ("com.microsoft", "MultiHeadAttention")}
+                 ("com.microsoft", "MultiHeadAttention"), ("com.microsoft", "GroupQueryAttention")}
 
 
 def op_conventions(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, float], list[str]]:
     """What the model's fused attention operators state: (conventions, numbers, notes).
 
     conventions: ``causal`` "true" where an operator is causal (ONNX ``is_causal``, contrib
-    ``unidirectional``). Contrib operators add the finite ``mask_filter_value`` (default
+    ``unidirectional``), "bottom_right" for ``GroupQueryAttention`` (causal by definition, its
+    queries aligned to the end of past + new keys). Contrib operators add the finite ``mask_filter_value`` (default
     -10000) to masked scores, so a fully masked row attends to every key as if unmasked: no
     convention of ours, so none is stated and ``fully_masked_rows`` judges it. numbers: ``scale``
     (ONNX and contrib ``scale``, when set and not 0),
@@ -102,6 +103,8 @@ def op_conventions(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, fl
         found: dict[str, str] = {}
         if attrs.get("is_causal") == 1 or attrs.get("unidirectional") == 1:
             found["causal"] = "true"
+        elif node.op_type == "GroupQueryAttention":  # always causal, its queries the last of the total length
+            found["causal"] = "bottom_right"
         for key in ("scale", "kv_num_heads", "mask_filter_value"):
             value = attrs.get(key)
             if isinstance(value, (int, float)) and value != 0 and key not in numbers:

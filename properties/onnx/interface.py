@@ -40,6 +40,7 @@ from mha_verify.mha.scoring import Scoring
 from mha_verify.properties.onnx.heads import n_head_from_graph, op_conventions
 from mha_verify.properties.onnx.model_file import ModelError, load_model
 from mha_verify.properties.onnx.reading import (
+    CONVENTIONS,
     Reading,
     read_conventions,
     read_layout,
@@ -324,14 +325,16 @@ def read_interface(path: str | os.PathLike[str], *, mapping: dict[str, str] | No
     from_ops, numbers, operators = op_conventions(model)
     if "scale" in numbers:
         from_ops["scale"] = repr(numbers["scale"])
-    conventions_ = {k: v for k, v in (declared or {}).items() if k in ("fully_masked", "causal", "scale")}
+    conventions_ = {k: v for k, v in (declared or {}).items() if k in CONVENTIONS}
     try:
         conventions = read_conventions(metadata, from_ops, conventions_)
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    if "kv_num_heads" in numbers and n_head is not None and int(numbers["kv_num_heads"]) != n_head:
+    if ("kv_num_heads" in numbers and n_head is not None and int(numbers["kv_num_heads"]) != n_head
+            and "x" not in roles):  # one input x: the key/value width is the graph's own (its weights say it)
         raise ModelError(f"{path.name}'s attention operator has kv_num_heads={int(numbers['kv_num_heads'])} of "
-                         f"n_head={n_head}: grouped-query ONNX models are not validated yet")
+                         f"n_head={n_head}: grouped-query ONNX models with q, k, v inputs of their own are not "
+                         "validated yet")
     # read for their values: a Shape node reads only the shape (what is left of an input whose
     # place another input took)
     consumed = ({name for node in model.graph.node if node.op_type != "Shape" for name in node.input}

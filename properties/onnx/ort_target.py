@@ -117,6 +117,9 @@ class OrtInstance:
             kv_shared=info.conventions.get("kv_shared", ("false", ""))[0] == "true",
             rotary=rotary_from(info.conventions["rotary"][0]) if "rotary" in info.conventions else None,
             fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
+            rows_unspecified=(f"{info.path.name} leaves what a fully masked row gives unspecified "
+                              f"({info.conventions['rows_unspecified'][1]})"
+                              if info.conventions.get("rows_unspecified", ("false", ""))[0] == "true" else None),
             causal={"true": "top_left", "bottom_right": "bottom_right"}.get(
                 info.conventions.get("causal", ("false", ""))[0], False),
             scale=float(info.conventions["scale"][0]) if "scale" in info.conventions else None,

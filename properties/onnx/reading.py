@@ -20,6 +20,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mha_verify.mha.rotary import Rotary
+
 LAYOUTS = ("batch-first", "seq-first")
 #: the mask axis labels: a mask input's axes name a subset of (B, H, Lq, Lk), or "B*H" for
 #: torch's (B·H, Lq, Lk) attn_mask (item b, head h at index b·H + h)
@@ -28,9 +30,13 @@ BOOL_KINDS = ("keep", "drop")  # True = may attend (ONNX Attention, SDPA) / True
 FLOAT_KINDS = ("additive", "additive_min")  # -inf removes (ONNX, SDPA) / finfo.min removes (HF)
 DECLARABLE = ("layout", "mask_axes", "mask_kind")
 #: conventions ``validate --conventions`` declares (the file's metadata may state them too);
-#: ``scale`` takes a positive number, the others one of their values
+#: ``scale`` takes a positive number, ``rotary`` ``base;interleaved;fraction;reverse`` (a cut
+#: GroupQueryAttention block states the RoPE its cos/sin caches hold), the others one of their values;
+#: ``rows_unspecified=true``: what a fully masked row gives is the runtime's to choose (finite), so
+#: another value than ``fully_masked`` is a finding of that kind, not a failure
 CONVENTIONS: dict[str, tuple[str, ...]] = {"fully_masked": ("zeros", "uniform", "uniform_visible", "nan"),
-                                           "causal": ("true", "false", "bottom_right"), "scale": ()}
+                                           "causal": ("true", "false", "bottom_right"), "scale": (), "rotary": (),
+                                           "rows_unspecified": ("true", "false")}
 
 Dim = int | str | None
 #: the metadata keys every mha-verify export writes: its q, k, v are batch-first
@@ -276,7 +282,13 @@ def parse_conventions(text: str | None) -> dict[str, str]:
 
 
 def _convention(key: str, value: str, where: str) -> str:
-    """A convention's value checked: one of its values, or for ``scale`` a positive finite number."""
+    """A convention's value checked: one of its values, for ``scale`` a positive finite number, for
+    ``rotary`` a :meth:`~mha_verify.mha.rotary.Rotary.text`."""
+    if key == "rotary":
+        try:
+            return Rotary.parse(value).text()
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
     if key != "scale":
         return _checked(value, CONVENTIONS[key], where)
     try:

@@ -4,8 +4,10 @@ float64 oracle can be evaluated with the weights the graph computes with."""
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -47,7 +49,8 @@ def projection_weights(path: str | os.PathLike[str], info: Interface, *,
         for name in node.input:
             consumers[name].append(node)
     by_input = {spec.name: role for role, spec in info.roles.items() if role != "mask"}
-    found: list[tuple[str | None, str | None, np.ndarray, np.ndarray | None]] = []  # (token, input role, w, b)
+    # (token, input role, w, b, the tensor it projects)
+    found: list[tuple[str | None, str | None, np.ndarray, np.ndarray | None, str]] = []
     for node in model.graph.node:
         if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in consts:
             continue
@@ -66,9 +69,14 @@ def projection_weights(path: str | os.PathLike[str], info: Interface, *,
                     bias = consts[other]
                     names += [add.name, other]
         token = next((t for t in (_token_role(n) for n in names) if t is not None), None)
-        found.append((token, by_input.get(node.input[0]), weight, bias))
+        found.append((token, by_input.get(node.input[0]), weight, bias, node.input[0]))
     roles: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
-    packed = _packed_qkv(model, consts, d)
+    grouped = _gqa_qkv(model, consts, d)
+    if grouped is not None:  # GroupQueryAttention: key/value projections (Hkv * Hd, D); the output reads its heads
+        qkv, heads = grouped
+        out = [f for f in found if f[4] == heads]
+        return _flat({**qkv, "o": (out[0][2], out[0][3])}) if len(out) == 1 else None
+    packed = _packed_qkv(model, consts, d) or _split_qkv(model, consts, d)
     if packed is not None and len(found) == 1:  # onnxruntime's fused Attention, then the output projection
         return _flat({**packed, "o": (found[0][2], found[0][3])})
     if not found and _reads_inputs_directly(model, info):
@@ -116,6 +124,86 @@ def _packed_qkv(model: onnx.ModelProto, consts: dict[str, np.ndarray],
         if w is None or w.shape != (d, 3 * d) or (b is not None and b.shape != (3 * d,)):
             return None
         return {r: (w[:, i * d:(i + 1) * d].T, None if b is None else b[i * d:(i + 1) * d])  # x @ W -> (out, in)
+                for i, r in enumerate(("q", "k", "v"))}
+    return None
+
+
+def input_projection(model: onnx.ModelProto, name: str, consts: Mapping[str, np.ndarray]
+                     ) -> tuple[str, str, np.ndarray, str | None, np.ndarray | None] | None:
+    """How ``name`` is made from a tensor by a linear projection: (that tensor, the weight's name, the
+    weight (in, out), the bias's name, the bias), from a MatMul by an initializer with or without an
+    ``Add`` of a (out,) initializer; None otherwise."""
+    producers = {out: n for n in model.graph.node for out in n.output}
+    node = producers.get(name)
+    bias_name: str | None = None
+    if node is not None and node.op_type == "Add" and len(node.input) == 2:
+        bias_name = next((i for i in node.input if i in consts), None)
+        made = next((i for i in node.input if i != bias_name), "")
+        node = producers.get(made) if bias_name is not None else None
+    if node is None or node.op_type != "MatMul" or node.input[1] not in consts:
+        return None
+    w = consts[node.input[1]]
+    b = consts[bias_name] if bias_name is not None else None
+    if w.ndim != 2 or (b is not None and b.shape != (w.shape[1],)):
+        return None
+    return node.input[0], node.input[1], w, bias_name, b
+
+
+def _gqa_qkv(model: onnx.ModelProto, consts: dict[str, np.ndarray], d: int
+             ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray | None]], str] | None:
+    """q, k, v projections (out, in) of a ``com.microsoft.GroupQueryAttention`` node, packed into its
+    query input ((D, D + 2 Hkv Hd), as onnxruntime-genai's builder writes them) or one per input, and
+    the name of its output; None where there is no such node or they are not projections of one tensor."""
+    for node in model.graph.node:
+        if (node.domain, node.op_type) != ("com.microsoft", "GroupQueryAttention"):
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        heads, kv = int(attrs.get("num_heads", 0)), int(attrs.get("kv_num_heads", 0))
+        if heads <= 0 or kv <= 0 or d % heads:
+            return None
+        widths = (d, kv * (d // heads), kv * (d // heads))
+        inputs = [*node.input, "", ""][:3]
+        if inputs[1] or inputs[2]:
+            found = [input_projection(model, name, consts) if name else None for name in inputs]
+        else:
+            packed = input_projection(model, inputs[0], consts)
+            if packed is None or packed[2].shape != (d, sum(widths)):
+                return None
+            at = np.cumsum((0, *widths))
+            found = [(packed[0], packed[1], packed[2][:, a:b], None, None if packed[4] is None else packed[4][a:b])
+                     for a, b in itertools.pairwise(at)]
+        if any(f is None for f in found) or len({f[0] for f in found if f}) != 1:
+            return None
+        if any(f is None or f[2].shape != (d, w) for f, w in zip(found, widths, strict=True)):
+            return None
+        return {r: (f[2].T, f[4]) for r, f in zip("qkv", found, strict=True) if f is not None}, node.output[0]
+    return None
+
+
+def _split_qkv(model: onnx.ModelProto, consts: dict[str, np.ndarray],
+               d: int) -> dict[str, tuple[np.ndarray, np.ndarray | None]] | None:
+    """q, k, v projections (out, in) from one MatMul by a (D, 3D) initializer (its (3D,) bias added or
+    not) split along the features into three (D,) parts, in that order: torch.onnx's form of a packed
+    ``Linear(D, 3D)`` chunked into q, k, v. None if there is none."""
+    readers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
+    for node in model.graph.node:
+        for name in node.input:
+            readers[name].append(node)
+    for node in model.graph.node:
+        w = consts.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if w is None or w.shape != (d, 3 * d):
+            continue
+        out, b = node.output[0], None
+        add = next((n for n in readers[out] if n.op_type == "Add"), None)
+        if add is not None:
+            b = next((consts[i] for i in add.input if i in consts and consts[i].shape == (3 * d,)), None)
+            out = add.output[0] if b is not None else out
+        split = next((n for n in readers[out] if n.op_type == "Split" and len(n.output) == 3), None)
+        axis = next((a.i for a in split.attribute if a.name == "axis"), 0) if split is not None else None
+        sizes = consts.get(split.input[1]) if split is not None and len(split.input) > 1 and split.input[1] else None
+        if axis not in (-1, 2) or (sizes is not None and list(sizes) != [d, d, d]):
+            return None
+        return {r: (w[:, i * d:(i + 1) * d].T, None if b is None else b[i * d:(i + 1) * d])
                 for i, r in enumerate(("q", "k", "v"))}
     return None
 
