@@ -8,11 +8,16 @@ Pipelines (each model random-initialized from a tiny config and saved locally; n
 
 * ``torch.onnx`` of the plain-torch 2-layer encoder of tests/fixtures/token_models.py, and of its
   one-bug twins (a mask dropped in one layer, positions off by one);
+* ``torch.onnx`` at opset 23 (the ONNX ``Attention`` op) of that encoder, its mask (B, 1, 1, L) and
+  expanded to (B, 1, L, L);
+* the hand-written ``GroupQueryAttention`` model of tests/fixtures/grouped_models.py, and its twin
+  whose rotary caches hold another base than its config's;
 * ``torch.onnx`` of the plain-torch 2-layer decoder with its KV cache of
   tests/fixtures/decoder_models.py, and of its twin whose decode step's causal mask is aligned
   top-left;
 * ``torch.onnx`` of a tiny BERT (transformers, eager attention), and the same file through
-  onnxruntime's transformer optimizer (fused ``com.microsoft.Attention``);
+  onnxruntime's transformer optimizer (fused ``com.microsoft.Attention``), and the same BERT with SDPA
+  attention at opset 23 (the ONNX ``Attention`` op);
 * HF Optimum's ``optimum-cli export onnx`` of a tiny BERT and of a tiny Llama with its cache
   (``text-generation-with-past``), where optimum-onnx is installed (``tox -e optimum``'s env);
 * onnxruntime-genai's builder on the tiny Llama (``GroupQueryAttention``), where it is installed
@@ -41,10 +46,11 @@ TARGET_SECONDS = 120.0
 def _fixtures():  # type: ignore[no-untyped-def]
     sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
     import decoder_models
+    import grouped_models
     import pipeline_models
     import token_models
 
-    return token_models, decoder_models, pipeline_models
+    return token_models, decoder_models, pipeline_models, grouped_models
 
 
 def _installed(module: str) -> bool:
@@ -82,7 +88,7 @@ def main() -> int:
     parser.add_argument("--profile", default="ci", choices=("quick", "ci", "thorough"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    tm, dm, pm = _fixtures()
+    tm, dm, pm, gm = _fixtures()
     fixture = "tests/fixtures/token_models.py"
     rows = []
     for name, factory, eager in (("encoder", tm.encoder, "encoder"), ("mask_dropped", tm.mask_dropped, "encoder"),
@@ -90,6 +96,19 @@ def main() -> int:
         path = args.out / f"{name}.onnx"
         tm.export(factory(), str(path))
         rows.append(_row(f"torch.onnx, plain 2-layer encoder: {name}", path, f"{fixture}:{eager}", args.profile))
+    for name, factory in (("query_axis_mask", tm.query_axis_mask), ("key_padding_mask", tm.encoder)):
+        path = args.out / f"opset23_{name}.onnx"
+        tm.export_attention_op(factory(), str(path))
+        rows.append(_row(f"torch.onnx opset 23 (ONNX Attention op), plain 2-layer encoder: {name}", path,
+                         f"{fixture}:encoder", args.profile))
+    gqa = args.out / "grouped.onnx"
+    gm.write_grouped(gm.grouped_tiny(), gqa)
+    rows.append(_row("hand-written GroupQueryAttention model (the genai builder's form)", gqa,
+                     "tests/fixtures/grouped_models.py:grouped_tiny", args.profile))
+    gm.write_grouped(gm.grouped_tiny(), gqa.with_name("grouped_base.onnx"), cache_base=500000.0)
+    rows.append(_row("twin: its cos/sin caches of base 500000 where the config says 10000",
+                     gqa.with_name("grouped_base.onnx"), "tests/fixtures/grouped_models.py:grouped_tiny",
+                     args.profile))
     for name, factory in (("decoder", dm.decoder), ("top_left", dm.top_left)):
         path = dm.export(factory(), args.out / f"{name}.onnx")
         rows.append(_row(f"torch.onnx, plain 2-layer decoder with its KV cache: {name}", path,
@@ -101,6 +120,8 @@ def main() -> int:
     folder, plain, fused = tm.tiny_bert(args.out)
     rows.append(_row("torch.onnx, tiny BERT (eager attention)", plain, str(folder), args.profile))
     rows.append(_row("onnxruntime transformer optimizer on it (fused Attention)", fused, str(folder), args.profile))
+    rows.append(_row("torch.onnx opset 23, tiny BERT (SDPA: ONNX Attention op)",
+                     tm.bert_attention_op(folder, args.out / "bert23.onnx"), str(folder), args.profile))
     if _installed("optimum.exporters.onnx"):
         bert = pm.tiny_bert(args.out / "optimum-bert")
         rows.append(_row("Optimum, tiny BERT (feature-extraction)",

@@ -199,6 +199,14 @@ def _block_result(name: str, what: str, checks: list[CheckResult] | int, seconds
     if not passed:
         return CheckResult(name, "blocks", "n/a", seconds=seconds, reason=f"{what}: no check of the registry passed")
     worst = max(passed, key=lambda c: (c.worst_error or 0.0) / (c.allowed or 1.0))
+    findings = [c for c in checks if c.verdict == "finding"]
+    if findings:  # said as the block's verdict, not folded into a pass
+        first = findings[0]
+        kinds = ", ".join(dict.fromkeys(f"{c.name.split('/')[-1]} ({c.kind_label})" for c in findings))
+        return CheckResult(name, "blocks", "finding", kind=first.kind, examples=sum(c.examples for c in passed),
+                           seconds=seconds, worst_error=worst.worst_error, allowed=worst.allowed,
+                           reason=f"{what}: {counts}, {len(findings)} findings ({kinds}); "
+                                  f"{first.name.split('/')[-1]}: {first.reason}")
     return CheckResult(name, "blocks", "pass", examples=sum(c.examples for c in passed), seconds=seconds,
                        worst_error=worst.worst_error, allowed=worst.allowed,
                        reason=f"{what}: {counts} (held to the float64 oracle with the node's weights)")

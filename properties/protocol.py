@@ -113,6 +113,8 @@ class Conventions:
     position_bias: an additive bias per head (:class:`mha.scoring.PositionBias`): ALiBi
         (declared ``alibi``) or a table the layer computes (T5's ``compute_bias``).
     window: a sliding window of that many keys the target applies itself (:mod:`mha.scoring`).
+    max_length: the longest sequence the target takes (the size of its own causal buffer, GPT-2's
+        ``bias`` (1, 1, N, N)): examples are drawn with Lq and Lk up to it; None: any length.
     head_dim_multiple: head widths the target accepts are multiples of it, declared or read (a
         layer that runs its rotary code on pairs of columns even where the rotation is by 0);
         a rotary's own multiple applies besides.
@@ -151,6 +153,7 @@ class Conventions:
     softcap: float | None = None
     position_bias: PositionBias | None = None
     window: int | None = None
+    max_length: int | None = None
     head_dim_multiple: int = 1
     notes: tuple[str, ...] = field(default=())
 

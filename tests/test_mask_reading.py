@@ -78,3 +78,16 @@ def test_batch_last_masks_and_zero_tests_are_read() -> None:
     reading = _read("assert mask.shape[2] == 1 or mask.shape[2] == query_shape[1]\n"
                     "scores = scores.masked_fill(mask == 0, float('-inf'))")
     assert (reading.kind, reading.layout, reading.takes) == ("keep", "LLB", frozenset({"bool"}))
+
+
+def test_a_guard_before_the_mask_is_applied_guards_nothing() -> None:
+    """torchscale's MultiheadAttention cleans the raw scores (``nan_to_num``) and then adds its -inf mask:
+    a fully masked row is NaN (it was read as guarded, so held to zeros: 14 false FAILs with a 6-line
+    factory). A ``nan_to_num`` after the mask still guards."""
+    before = ("attn_weights = torch.bmm(q, k.transpose(1, 2))\nattn_weights = torch.nan_to_num(attn_weights)\n"
+              "attn_mask = attn_mask.unsqueeze(0)\nattn_weights += attn_mask\n"
+              "attn_weights = F.softmax(attn_weights, dim=-1)")
+    assert _read(before, "attn_mask").fully_masked == "nan"
+    after = ("attn_weights += attn_mask\nattn_weights = F.softmax(attn_weights, dim=-1)\n"
+             "attn_weights = torch.nan_to_num(attn_weights)")
+    assert _read(after, "attn_mask").fully_masked is None

@@ -96,6 +96,15 @@ def _kv_kinds(source: str) -> frozenset[str]:
     return frozenset(kind for kind, pattern in (("interleave", _INTERLEAVE), ("tile", _TILE)) if pattern.search(source))
 
 
+def causal_buffer_length(module: nn.Module) -> tuple[int, str] | None:
+    """(N, what it is) for a layer whose own lower-triangular buffer (N, N) masks the future: it slices
+    that buffer to the sequence, so it takes at most N positions (nanoGPT's ``bias`` of block_size)."""
+    for name, buf in module.named_buffers(recurse=False):
+        if _lower_triangular(buf):
+            return int(buf.shape[-1]), f"its causal buffer {name!r} {tuple(buf.shape)}"
+    return None
+
+
 def own_causal_mask(module: nn.Module) -> bool:
     """Whether the layer masks the future itself with a lower-triangular buffer of its own (GPT-2's
     older code, ImageGPT's ``bias``), on top of any mask it is given."""

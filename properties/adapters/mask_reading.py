@@ -91,7 +91,7 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
 
 _FINITE_FILL = re.compile(r"-\s*torch\.finfo\([^)]*\)\.max|torch\.finfo\([^)]*\)\.min|-\s*1e\+?\d+\b|-\s*10000\b")
 #: a source that deals with rows left without a key itself (``nan_to_num``, a ``has_key`` test on the row's
-#: maximum): what such a row gives is not the fill's to say
+#: maximum), after the mask is applied: what such a row gives is not the fill's to say
 #: (a row maximum subtracted for stability, ``weight - weight.amax(...)``, guards nothing: only one
 #: compared, ``amax(...) > -inf``, is a has-key test)
 _GUARDED = re.compile(r"nan_to_num|\.amax\([^()]*(?:\([^()]*\)[^()]*)*\)\s*(?:[<>]=?|==|!=)|\bhas_key\b"
@@ -140,19 +140,22 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     # ``~mask`` takes bools only; ``mask == 0`` reads a float mask as 0/1, never as additive biases
     takes = frozenset({"bool"}) if kind in ("keep", "drop") and (p["bool_only"].search(text)
                                                                  or p["zero_test"].search(text)) else None
+    applied = p[kind].search(text) if kind else None
+    # a guard before the mask is applied (torchscale's ``nan_to_num`` of the raw scores) guards nothing
+    guarded = bool(_GUARDED.search(text, applied.start() if applied else 0))
     fully = None
     if p["sdpa"].search(text):
         pass  # a path through SDPA gives what SDPA gives on a fully masked row, whatever another path's fill
     elif kind == "keep" and p["zeroed"].search(text):
         fully = "zeros"
         how.append(f"a fully masked row gets zeros (its weights zeroed: {where(p['zeroed'])})")
-    elif kind in ("keep", "drop") and not _GUARDED.search(text):
+    elif kind in ("keep", "drop") and not guarded:
         fully = "uniform" if _FINITE_FILL.search(text) and not _INF_FILL.search(text) else \
             "nan" if _INF_FILL.search(text) and not _FINITE_FILL.search(text) else None
         if fully:
             how.append("a fully masked row gets " + ("uniform weights (a finite fill)" if fully == "uniform"
                                                       else "NaN (an -inf fill)"))
-    if kind == "additive" and not _GUARDED.search(text):  # added before a softmax: a row of -inf gives NaN
+    if kind == "additive" and not guarded:  # added before a softmax: a row of -inf gives NaN
         fully = "nan"
         how.append("a fully masked row gets NaN (the mask added before a softmax)")
     return MaskReading(kind=kind, layout=layout, takes=takes, fully_masked=fully, how=tuple(how))

@@ -50,7 +50,12 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import Norm, PositionBias
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.base import Adapter, declared_conventions
-from mha_verify.properties.adapters.forward_source import detect_causal, forward_sources, own_causal_mask
+from mha_verify.properties.adapters.forward_source import (
+    causal_buffer_length,
+    detect_causal,
+    forward_sources,
+    own_causal_mask,
+)
 from mha_verify.properties.adapters.kv_cache import cache_argument, run_chunks
 from mha_verify.properties.adapters.layer_attrs import (
     SCALE_ATTRS,
@@ -215,6 +220,7 @@ class StructuralAdapter(Adapter):
         window_note = (f"sliding window {window} in its config: not applied (HF builds it into the model's mask); "
                        "checked as full attention") if isinstance(window, int) and window > 0 else ""
         softcap, softcap_how = layer_softcap(module)
+        buffer = causal_buffer_length(module) if causal else None
         takes_kv = (sig.key is not None and sig.value is not None) or shared
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
@@ -242,7 +248,10 @@ class StructuralAdapter(Adapter):
             context_norm=context_norm,
             softcap=softcap,
             position_bias=position_bias,
+            max_length=None if buffer is None else buffer[0],
             notes=(f"adapter {self.name}", *(n for n in (self.reading_note(module),) if n), how,
+                   *(() if buffer is None else (f"lengths up to {buffer[0]}: {buffer[1]} is sliced to the "
+                                                "sequence, so it takes no longer one",)),
                    *(n for n in ("" if pre is None else _pre_norm_note(pre, sig.context),
                                  scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),

@@ -96,6 +96,9 @@ def examples_for(
         fixed_axes = conv.axes
         shapes = shapes.map(lambda s: s._replace(batch=fixed_axes[0] or s.batch, lq=fixed_axes[1] or s.lq,
                                                  lk=fixed_axes[2] or s.lk))
+    if conv.max_length is not None:  # a layer sliced to its own causal buffer takes no longer sequence
+        longest = conv.max_length
+        shapes = shapes.map(lambda s: s._replace(lq=min(s.lq, longest), lk=min(s.lk, longest)))
     if (conv.rotary is not None or conv.head_dim_multiple > 1) and conv.sizes is None:  # only head widths it takes
         m = math.lcm(conv.head_dim_multiple, conv.rotary.head_dim_multiple() if conv.rotary is not None else 1)
         shapes = shapes.map(lambda s: s._replace(d_model=s.n_head * max(m, -(-s.head_dim // m) * m)))
