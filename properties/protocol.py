@@ -177,7 +177,7 @@ class Conventions:
         ("float16", "bfloat16", "float32", "float64"), scale (a positive number, or None), rotary
         (None, or a mapping of base, interleaved, fraction, reverse: ``{"base": 10000.0}``), softcap (a
         positive number, or None), window (a positive int, or None), alibi (True: ALiBi's bias),
-        head_dim_multiple (a positive int).
+        head_dim_multiple (a positive int), max_length (a positive int, or None: the longest sequence).
         """
         changes: dict[str, object] = {}
         for key, value in declaration.items():
@@ -338,6 +338,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "rotary": ("rotary", _rotary),
     "softcap": ("softcap", _scale),
     "window": ("window", _positive_or_none),
+    "max_length": ("max_length", _positive_or_none),
     "head_dim_multiple": ("head_dim_multiple", _positive),
     "alibi": ("position_bias", _alibi),
 }

@@ -5,9 +5,12 @@ diagonal still fails."""
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/causal_buffer_layers.py:"
@@ -28,3 +31,9 @@ def test_the_buffer_size_is_the_longest_length_drawn() -> None:
 
 def test_its_twin_hiding_the_diagonal_still_fails() -> None:
     assert _verdict("SlicedBufferNoDiagonal", "oracle_agreement") == "fail"
+
+
+def test_the_longest_length_is_declarable_and_checked() -> None:
+    assert Conventions().declare({"max_length": 12}).max_length == 12
+    with pytest.raises(ValueError, match="max_length=0"):
+        Conventions().declare({"max_length": 0})
