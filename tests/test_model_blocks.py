@@ -23,7 +23,9 @@ from mha_verify.mha.reference import MHAParams, multi_head
 from mha_verify.properties.model.block_cut import cut_block
 from mha_verify.properties.model.eager import AttentionDims
 from mha_verify.properties.model.graph_blocks import Block, attention_blocks, disagreements
+from mha_verify.properties.onnx.interface import read_interface
 from mha_verify.properties.onnx.model_file import ModelError
+from mha_verify.properties.onnx.ort_target import params_from_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = "tests/fixtures/fused_models.py"
@@ -49,7 +51,8 @@ def grouped(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model = grouped_models.grouped_tiny()
     return {"gqa": grouped_models.write_grouped(model, folder / "gqa.onnx"),
             "base": grouped_models.write_grouped(model, folder / "base.onnx", cache_base=500000.0),
-            "softcap": grouped_models.write_grouped(model, folder / "softcap.onnx", softcap=30.0)}
+            "softcap": grouped_models.write_grouped(model, folder / "softcap.onnx", softcap=30.0),
+            "separate": grouped_models.write_grouped(model, folder / "separate.onnx", packed=False)}
 
 
 def _validate(model: Path, *more: str, eager: str = f"{FIXTURE}:fused_tiny") -> subprocess.CompletedProcess[str]:
@@ -132,12 +135,14 @@ def test_a_block_of_another_op_is_not_cut_and_says_so(tmp_path: Path) -> None:
         cut_block(model, other, tmp_path / "cut.onnx")
 
 
-def test_a_cut_grouped_block_computes_the_models_attention(grouped: dict[str, Path], tmp_path: Path) -> None:
-    """The cut GroupQueryAttention (packed q/k/v, 4 query heads over 2 key/value heads, RoPE from its
-    caches, causal) run by onnxruntime against the fixture's own torch attention, mask through the
-    additive bias; its RoPE stated in the file as the eager config's and, without a config, as read
-    from the caches."""
-    model = onnx.load(str(grouped["gqa"]))
+@pytest.mark.parametrize("form", ["gqa", "separate"])
+def test_a_cut_grouped_block_computes_the_models_attention(grouped: dict[str, Path], tmp_path: Path,
+                                                           form: str) -> None:
+    """The cut GroupQueryAttention (q/k/v packed or by three MatMuls, 4 query heads over 2 key/value heads,
+    RoPE from its caches, causal) run by onnxruntime against the fixture's own torch attention, mask
+    through the additive bias; its RoPE stated in the file as the eager config's and, without a config,
+    as read from the caches; its weights read back for the oracle as the fixture's."""
+    model = onnx.load(str(grouped[form]))
     (block,) = attention_blocks(model)
     config = AttentionDims(4, 2, 16, 0.25, rope_base=10000.0, rope_type="default")
     cut = cut_block(model, block, tmp_path / "block.onnx", config)
@@ -153,6 +158,12 @@ def test_a_cut_grouped_block_computes_the_models_attention(grouped: dict[str, Pa
     assert said["rotary"] == "10000.0;false;1.0;false" and said["rows_unspecified"] == "true", said
     read = cut_block(model, block, tmp_path / "read.onnx")  # no config: the base its caches hold
     assert {p.key: p.value for p in onnx.load(str(read.path)).metadata_props}["rotary"] == "10000.0;false;1.0;false"
+    params = params_from_graph(read_interface(cut.path))
+    kv = grouped_models.KV_HEADS * grouped_models.HEAD_DIM
+    for got_w, want_w in zip((params.w_q, params.w_k, params.w_v),
+                             eager.qkv.detach().split([grouped_models.WIDTH, kv, kv], dim=1), strict=True):
+        assert torch.equal(got_w, want_w.T)
+    assert torch.equal(params.w_o, eager.out.weight.detach())
 
 
 def test_a_grouped_block_is_verified_and_its_cache_departure_fails(grouped: dict[str, Path]) -> None:

@@ -21,9 +21,11 @@ finding.
 A ``MultiHeadAttention`` node is cut the same way with the three MatMuls that feed it. A
 ``GroupQueryAttention`` node (onnxruntime-genai's builder: packed q/k/v of Hkv < H key/value heads,
 rotary from cos/sin caches, causal by definition, the mask as ``seqlens_k``) is cut as a prompt with
-no past, its mask through its additive ``attention_bias``, and the RoPE its caches hold stated in
-the file (``rotary`` metadata) for the oracle. What a node does beyond these (a past state, soft-cap,
-a local window, a bias of its own) is not cut yet: :func:`cut_block` says so by name.
+no past, its mask through its additive ``attention_bias``, and its RoPE (the eager config's, else
+the one its caches hold) stated in the file (``rotary`` metadata) for the oracle. An ONNX
+``Attention`` op is extracted from the graph with what surrounds it
+(:mod:`~mha_verify.properties.model.block_extract`). What a node does beyond these (a past state,
+soft-cap, a local window, a bias of its own) is not cut yet: :func:`cut_block` says so by name.
 """
 
 from __future__ import annotations
