@@ -117,8 +117,9 @@ class OrtInstance:
             kv_shared=info.conventions.get("kv_shared", ("false", ""))[0] == "true",
             rotary=rotary_from(info.conventions["rotary"][0]) if "rotary" in info.conventions else None,
             fully_masked=info.conventions.get("fully_masked", ("zeros", ""))[0],
-            rows_unspecified=(f"{info.path.name} leaves what a fully masked row gives unspecified "
-                              f"({info.conventions['rows_unspecified'][1]})"
+            rows_unspecified=("what a fully masked row gives is left to the runtime ("
+                              + {"declared": "declared with --conventions"}.get(
+                                  info.conventions["rows_unspecified"][1], "stated in the file's metadata") + ")"
                               if info.conventions.get("rows_unspecified", ("false", ""))[0] == "true" else None),
             causal={"true": "top_left", "bottom_right": "bottom_right"}.get(
                 info.conventions.get("causal", ("false", ""))[0], False),
