@@ -61,10 +61,22 @@ def extract_attention(model: onnx.ModelProto, node: onnx.NodeProto, block: Block
     for value in (*cut.graph.input, *cut.graph.output):
         value.name = renamed.get(value.name, value.name)
     said = {"cut_from_node": block.name}
+    heads = _heads_of(model, inputs[0])
+    if heads is not None:  # the node's own q (B, H, L, Hd): a Reshape elsewhere in the graph may vote otherwise
+        said["n_head"] = str(heads)
     if mask:
         kind = next(i.type.tensor_type.elem_type for i in cut.graph.input if i.name == "attn_mask")
         said["mask_kind"] = "keep" if kind == onnx.TensorProto.BOOL else "additive"
     return cut, said
+
+
+def _heads_of(model: onnx.ModelProto, q: str) -> int | None:
+    """H of the node's 4-D query input (B, H, L, Hd) where the graph's shape information gives it."""
+    for value in model.graph.value_info:
+        if value.name == q:
+            dims = value.type.tensor_type.shape.dim
+            return int(dims[1].dim_value) if len(dims) == 4 and dims[1].dim_value > 0 else None
+    return None
 
 
 def _projected_from(name: str, producers: dict[str, onnx.NodeProto], consts: dict[str, onnx.TensorProto],
