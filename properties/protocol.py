@@ -78,6 +78,9 @@ class Conventions:
         ``causal_lower_right``); True is taken as "top_left" (:data:`mha.masks.CAUSAL_ALIGNMENTS`).
         Truthy exactly when causal.
     grads: gradients can be taken through it (False for an onnxruntime session).
+    grads_refused: where a function the layer calls refuses autograd (FlexAttention has no backward on
+        the CPU), its words: the layer is then called without gradients (``grads`` False), and the gradient
+        properties are n/a of kind inherited; None otherwise.
     dropout: it has a dropout probability the harness can set (False: none, or not settable).
     sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
     dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
@@ -133,6 +136,7 @@ class Conventions:
     context_ignored: str | None = None
     causal: bool | str = False
     grads: bool = True
+    grads_refused: str | None = None
     dropout: bool = True
     sizes: tuple[int, int] | None = None
     dtype: torch.dtype | None = None

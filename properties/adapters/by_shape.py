@@ -7,11 +7,11 @@ them all, and a new library would need a new row. What every one of them shows i
 
 * 2 projections: one (3 I, D) applied first (q, k, v chunked in that order), then one (D, I);
 * 3 projections: (I, D), then (2 Ikv, Dc) (keys then values chunked: ``k, v = self.to_kv(c).chunk(2)``),
-  then (D, I);
+  then (D, I); or (2 I, D) named for q and k (``to_qk``: q then k chunked), (I, D) named for v, then (D, I);
 * 4 projections: (I, D), (Ikv, Dc), (Ikv, Dc), (D, I): q, k, v, o in the order the forward names
   them, unless their names say which is which (``query``/``q``, ``key``/``k``, ``value``/``v``).
 
-I is a multiple of the head count the layer states (``heads``, ``n_head``, ...). Anything else is
+I is a multiple of the head count the layer shows (:mod:`head_count`). Anything else is
 not recognized: the user's adapter says what it is. What the forward does between the projections
 is the structural adapter's to read (its mask format, causality, layout, steps the oracle does not
 model); this module only says which weights are q, k, v and o.
@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
+from mha_verify.properties.adapters.head_count import head_count_source, n_head_of
 from mha_verify.properties.adapters.projections import _linear_like, output_layer, weight_bias
-from mha_verify.properties.adapters.structural import StructuralAdapter, n_head_of
+from mha_verify.properties.adapters.structural import StructuralAdapter
 from mha_verify.properties.protocol import NotApplicable
 
 _SELF_ATTR = re.compile(r"\bself\.(\w+)\b")
@@ -42,8 +43,10 @@ Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like laye
 def called_projections(module: nn.Module) -> list[Layer]:
     """The linear-like layers of ``module``'s children that its forward names, in the order of first
     mention: a child, the linear of a [Linear, Dropout...] block, or each element of a ModuleList of
-    linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself."""
-    children = dict(module.named_children())
+    linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; a (out, in)
+    Parameter of the layer's own named ``*weight`` (torch MHA's ``in_proj_weight``, applied with
+    ``F.linear``) with its ``*bias`` as a linear."""
+    children = {**_parameter_linears(module), **dict(module.named_children())}
     order: list[str] = []
     _mention_order(type(module), inspect.getattr_static(type(module), "forward", None), children, order, depth=0)
     out: list[Layer] = []
@@ -55,6 +58,24 @@ def called_projections(module: nn.Module) -> list[Layer]:
         layer = output_layer(child) or _wrapped_linear(child)
         if layer is not None:
             out.append((name, layer))
+    return out
+
+
+def _parameter_linears(module: nn.Module) -> dict[str, nn.Module]:
+    """The layer's own 2-D ``*weight`` Parameters, each with its ``*bias`` (1-D, as many rows) where it has
+    one, held by an nn.Linear that shares them: a redraw of the layer's weights reaches what is read."""
+    own = dict(module.named_parameters(recurse=False))
+    out: dict[str, nn.Module] = {}
+    for name, weight in own.items():
+        if weight.dim() != 2 or not name.endswith("weight"):
+            continue
+        bias = own.get(name[: -len("weight")] + "bias")
+        holder = nn.Linear.__new__(nn.Linear)
+        nn.Module.__init__(holder)
+        holder.in_features, holder.out_features = int(weight.shape[1]), int(weight.shape[0])
+        holder.weight = weight
+        holder.bias = bias if bias is not None and tuple(bias.shape) == (weight.shape[0],) else None  # type: ignore[assignment]
+        out[name] = holder
     return out
 
 
@@ -101,8 +122,12 @@ def _shape(layer: nn.Module) -> tuple[int, int]:
     return int(w.shape[0]), int(w.shape[1])
 
 
+def _tokens(where: str) -> set[str]:
+    return set(re.split(r"[_\W\d]+", where.lower())) - {""}
+
+
 def _role(where: str) -> str | None:
-    tokens = set(re.split(r"[_\W\d]+", where.lower())) - {""}
+    tokens = _tokens(where)
     roles = [r for r, names in _ROLE_TOKENS.items() if tokens & names]
     return roles[0] if len(roles) == 1 else None
 
@@ -118,7 +143,7 @@ def _ordered_qkv(layers: list[Layer]) -> list[Layer]:
 
 class Reading:
     """Which of a layer's projections are q, k, v (fused or not) and o: ``layout`` is "qkv" (one
-    fused), "q_kv" (keys and values fused) or "q_k_v"."""
+    fused), "q_kv" (keys and values fused), "qk_v" (queries and keys fused) or "q_k_v"."""
 
     def __init__(self, layout: str, layers: list[Layer], identity_out: bool = False) -> None:
         self.layout, self.layers, self.identity_out = layout, layers, identity_out
@@ -132,6 +157,7 @@ class Reading:
         names = ", ".join(where for where, _ in self.layers) + (" (an identity)" if self.identity_out else "")
         what = {"qkv": "one fused q, k, v projection and an output one",
                 "q_kv": "a query projection, one fused key-value projection and an output one",
+                "qk_v": "one fused query-key projection, a value projection and an output one",
                 "q_k_v": "query, key, value and output projections"}[self.layout]
         return f"{what} ({names}), read from their shapes and the order its forward names them"
 
@@ -161,6 +187,11 @@ def read_projections(module: nn.Module) -> Reading | None:
     if len(layers) == 3 and shapes[0][0] == inner and shapes[1][0] % 2 == 0 \
             and inner % (shapes[1][0] // 2) == 0 and (shapes[1][0] // 2) % (inner // heads) == 0:
         return Reading("q_kv", layers, identity)
+    if len(layers) == 3 and shapes[0][0] == 2 * inner and shapes[1][0] == inner \
+            and _tokens(layers[0][0]) & {"qk"} and _role(layers[1][0]) == "v":
+        # vit-pytorch's to_qk (D, 2I) chunked into q and k, then to_v: only where the names say so (a
+        # forward that names to_kv before to_q has the same shapes)
+        return Reading("qk_v", layers, identity)
     if len(layers) == 4:
         q, k, v = _ordered_qkv(layers[:3])
         rows = [_shape(q[1])[0], _shape(k[1])[0], _shape(v[1])[0]]
@@ -202,6 +233,11 @@ class ByShapeAdapter(StructuralAdapter):
             w_k, w_v = w.chunk(2)
             b_k, b_v = (None, None) if b is None else b.chunk(2)
             return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
+        if reading.layout == "qk_v":
+            (w, b), (w_v, b_v) = parts[0], parts[1]
+            w_q, w_k = w.chunk(2)
+            b_q, b_k = (None, None) if b is None else b.chunk(2)
+            return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
         (w_q, b_q), (w_k, b_k), (w_v, b_v) = parts[:3]
         return MHAParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o)
 
@@ -219,4 +255,7 @@ class ByShapeAdapter(StructuralAdapter):
 
     def reading_note(self, module: nn.Module) -> str:
         reading = _reading(module)
-        return "" if reading is None else reading.describe()
+        if reading is None:
+            return ""
+        heads = head_count_source(module)
+        return reading.describe() + (f"; {heads}" if heads else "")

@@ -76,6 +76,11 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*\]"),
         # fairseq's ``attn_mask = attn_mask.unsqueeze(0)``: one (Lq, Lk) mask for every item and head
         "shared": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*0\s*\)"),
+        # torch MHA's own conversion written out: a bool mask turned into an additive one where True, a
+        # float mask added as it is (``zeros_like(mask, dtype=q.dtype).masked_fill_(mask, float("-inf"))``)
+        "bool_to_additive": re.compile(rf"zeros_like\(\s*{m}\b[^\n]*\.masked_fill_?\(\s*{m}\s*,"),
+        # the Annotated Transformer's ``mask = mask.unsqueeze(1)``: a head axis put in a (B, Lq, Lk) mask
+        "per_item": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*1\s*\)"),
         "square": re.compile(rf"\b{m}\s*\[\s*:[^,\]\[]*(?:\[[^\]]*\][^,\]\[]*)?,\s*:[^\]\[]*(?:\[[^\]]*\][^\]\[]*)?\]"),
         "causal_reuse": re.compile(rf"\b{m}\s*=\s*torch\.(?:ones|full|zeros|empty)\([^\n]*\.(?:triu|tril)_?\("),
         # a token mask applied to the queries as well (ats-vit's ``rearrange(mask, 'b i -> b 1 i 1') * ...``)
@@ -125,7 +130,12 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     if "drop" in kinds and len(kinds) > 1 and p["causal_reuse"].search(text):
         kinds.remove("drop")  # the name reused for a causal mask of its own (``mask = ones(i, j).triu(1)``)
     kind = kinds[0] if len(kinds) == 1 else None
-    if kind:
+    both = sorted(kinds) == ["additive", "drop"] and p["bool_to_additive"].search(text)
+    if both:
+        kind = "drop"
+        how.append(f"a bool mask removes keys where True and a float mask is added, torch MHA's convention "
+                   f"({where(p['bool_to_additive'])})")
+    elif kind:
         said = {"keep": "kept where True", "drop": "removed where True", "additive": "added"}[kind]
         how.append(f"mask {said} ({where(p[kind])})")
     layout = "BL" if p["key_padding"].search(text) else "LLB" if p["batch_last"].search(text) else None
@@ -133,6 +143,9 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
         how.append(f"key padding (B, Lk) ({where(p['key_padding'])})")
     elif layout == "LLB":
         how.append(f"shaped (Lq, Lk, B), batch last ({where(p['batch_last'])})")
+    elif p["per_item"].search(text):
+        layout = "BLL"
+        how.append(f"shaped (B, Lq, Lk), a head axis put in by the layer ({where(p['per_item'])})")
     elif kind == "additive" and (p["square"].search(text) or p["shared"].search(text)):
         layout = "LL"
         shared = p["square"] if p["square"].search(text) else p["shared"]
@@ -140,6 +153,8 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     # ``~mask`` takes bools only; ``mask == 0`` reads a float mask as 0/1, never as additive biases
     takes = frozenset({"bool"}) if kind in ("keep", "drop") and (p["bool_only"].search(text)
                                                                  or p["zero_test"].search(text)) else None
+    if both:
+        takes = frozenset({"bool", "float"})
     applied = p[kind].search(text) if kind else None
     # a guard before the mask is applied (torchscale's ``nan_to_num`` of the raw scores) guards nothing
     guarded = bool(_GUARDED.search(text, applied.start() if applied else 0))
@@ -149,13 +164,13 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     elif kind == "keep" and p["zeroed"].search(text):
         fully = "zeros"
         how.append(f"a fully masked row gets zeros (its weights zeroed: {where(p['zeroed'])})")
-    elif kind in ("keep", "drop") and not guarded:
+    elif kind in ("keep", "drop") and not guarded and not both:
         fully = "uniform" if _FINITE_FILL.search(text) and not _INF_FILL.search(text) else \
             "nan" if _INF_FILL.search(text) and not _FINITE_FILL.search(text) else None
         if fully:
             how.append("a fully masked row gets " + ("uniform weights (a finite fill)" if fully == "uniform"
                                                       else "NaN (an -inf fill)"))
-    if kind == "additive" and not guarded:  # added before a softmax: a row of -inf gives NaN
+    if (kind == "additive" or both) and not guarded:  # added before a softmax: a row of -inf gives NaN
         fully = "nan"
         how.append("a fully masked row gets NaN (the mask added before a softmax)")
     return MaskReading(kind=kind, layout=layout, takes=takes, fully_masked=fully, how=tuple(how))

@@ -26,8 +26,10 @@ from mha_verify.properties.adapters.base import (
     TorchMHAAdapter,
 )
 from mha_verify.properties.adapters.by_shape import ByShapeAdapter
+from mha_verify.properties.adapters.forward_source import forward_sources
+from mha_verify.properties.adapters.library_facts import other_operator
 from mha_verify.properties.adapters.projections import STRUCTURAL
-from mha_verify.properties.adapters.unmodelled import convolution_projections
+from mha_verify.properties.adapters.unmodelled import convolution_projections, step_without_adapter
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, TargetError
 
@@ -131,6 +133,12 @@ def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
         raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: q, k, v "
                          f"projected by convolutions over a feature map ({', '.join(convolutions)}), attention over "
                          "(B, C, H, W) positions rather than a sequence (B, L, D), so it cannot be verified yet")
+    other = other_operator(module)
+    if other:  # nGPT's normalized projections compute cosine-similarity attention: no adapter reads them
+        raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
+    step = step_without_adapter(module, forward_sources(module))
+    if step:
+        raise ValueError(f"{type(module).__name__} {step}")
     # the adapters by name only: their descriptions are what `mha-verify list` prints, and the error
     # stays one readable line
     raise ValueError(

@@ -56,6 +56,7 @@ from mha_verify.properties.adapters.forward_source import (
     forward_sources,
     own_causal_mask,
 )
+from mha_verify.properties.adapters.head_count import n_head_of
 from mha_verify.properties.adapters.kv_cache import cache_argument, run_chunks
 from mha_verify.properties.adapters.layer_attrs import (
     SCALE_ATTRS,
@@ -497,17 +498,4 @@ def head_dim_of(module: nn.Module, params: MHAParams) -> int:
         value = getattr(module, attr, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
-    return params.w_q.shape[0] // _n_head(module)
-
-
-def n_head_of(module: nn.Module) -> int:
-    """The head count the layer states in an attribute (``num_heads``, ``n_head``, ``heads``, ...)."""
-    return _n_head(module)
-
-
-def _n_head(module: nn.Module) -> int:
-    for attr in ("num_heads", "n_head", "num_attention_heads", "heads", "n_heads"):
-        value = getattr(module, attr, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    raise NotApplicable(f"{type(module).__name__} names its head count in no attribute we know")
+    return params.w_q.shape[0] // n_head_of(module)

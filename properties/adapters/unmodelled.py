@@ -10,17 +10,22 @@ Read from the parameter's shape, the module that holds it and its name, in this 
   ``pos_bias_u``/``pos_bias_v``): a tensor with H rows (or H x Hd entries) under one of those names;
 * a relative-position table (Shaw's ``rel_pos_emb`` embedding, SAM's ``rel_pos_h``, a bias table
   indexed by offsets): an embedding or a tensor named for relative positions;
+* a gate (a module named ``gate``, ``to_gate``, ``to_out_gates``);
+* a learned key and value appended to every sequence (torch MHA's ``bias_k``/``bias_v``);
 * a normalization the oracle does not apply (vit-pytorch's pre-norm ``norm`` inside the layer);
 * anything else: named as it is, with its shape.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import torch
 from torch import nn
 
+_BEYOND = "a step beyond the attention the oracle models, so it cannot be verified yet"
+_GATE = re.compile(r"(^|_)gates?($|_)", re.IGNORECASE)
 _XL_NAMES = {"u", "v", "r_w_bias", "r_r_bias", "pos_bias_u", "pos_bias_v", "content_bias", "pos_bias"}
 _RELATIVE = re.compile(r"rel|relative|pos(ition)?_?(emb|bias|table)|bias_table|pos_?emb", re.IGNORECASE)
 
@@ -41,6 +46,11 @@ def describe_step(module: nn.Module, name: str, param: torch.Tensor, heads: int 
     if leaf in _XL_NAMES and heads and shape and (shape[0] == heads or param.numel() % heads == 0) \
             and not isinstance(owner, nn.Linear):
         return f"Transformer-XL's per-head content/position biases ({name} {shape})"
+    if any(_GATE.search(part.removeprefix("to_")) for part in name.split(".")[:-1]):
+        return f"a gate ({name.rpartition('.')[0]}: {type(owner).__name__})"
+    if leaf in ("bias_k", "bias_v"):
+        prefix = name[: -len(leaf)]
+        return f"a learned key and value appended to every sequence ({prefix}bias_k, {prefix}bias_v {shape})"
     if (isinstance(owner, nn.Embedding) and _RELATIVE.search(name)) or _RELATIVE.search(leaf):
         return f"a relative-position table ({name} {shape})"
     if type(owner).__name__.endswith("Norm") and owner is not module:
@@ -56,6 +66,50 @@ def describe_steps(module: nn.Module, names: list[str], heads: int | None) -> st
 
 
 _PROJECTION_NAME = re.compile(r"(^|_)(q|k|v|qk|kv|qkv|query|key|value)($|_)", re.IGNORECASE)
+
+
+_EMITS_MASK = re.compile(r"(^|_)(q|k|v|qk|kv|qkv)_and_mask($|_)", re.IGNORECASE)
+# what an attention layer's forward (or a helper it names) computes somewhere: scores and their weights
+_ATTENDS = re.compile(r"softmax|scaled_dot_product_attention|flex_attention|\battention\w*\(|einsum|matmul|\s@\s"
+                      r"|\battn\w*\(|\battend\w*\(", re.IGNORECASE)
+
+
+def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]) -> str | None:
+    """Why no adapter reads ``module``, where a child or its source says it (``sources``: the forward's
+    and the helpers', :func:`forward_source.forward_sources`): a step the oracle does not model, or no
+    attention at all, in words that follow the class's name; None where nothing says why."""
+    children = dict(module.named_children())
+    for name, child in children.items():
+        if _GATE.search(name.removeprefix("to_")):
+            return f"takes a gate ({name}: {type(child).__name__}), {_BEYOND}"
+        if _EMITS_MASK.search(name.removeprefix("to_")):
+            return f"takes a projection that also gives a learned mask ({name}: {type(child).__name__}), {_BEYOND}"
+    after = []
+    for name, child in children.items():
+        if _PROJECTION_NAME.search(name.removeprefix("to_")) and isinstance(child, nn.Sequential) and len(child) > 1:
+            conv = next((m for part in list(child)[1:] for m in part.modules()
+                         if isinstance(m, nn.modules.conv._ConvNd)), None)
+            if conv is not None:
+                after.append(f"{name}: {type(conv).__name__}")
+    if after:  # Primer-EZ's depthwise convolution over positions after each projection
+        return f"takes a convolution over positions after its projections ({', '.join(after)}), {_BEYOND}"
+    text = "\n".join(source for _, source in sources)
+    if text.strip() and not _ATTENDS.search(text) and not type(module).__module__.startswith("torch.") \
+            and not any(_attends(type(m)) for m in module.modules() if m is not module):
+        return ("computes no attention weights in its forward (a projection or a helper of an attention layer): "
+                "there is no attention to verify")
+    return None
+
+
+def _attends(cls: type) -> bool:
+    """Whether a submodule's class computes attention in its forward (a layer that hands the work to a
+    child of its own attends through it); torch's own layers by their names."""
+    if cls.__module__.startswith("torch."):
+        return "Attention" in cls.__name__
+    try:
+        return bool(_ATTENDS.search(inspect.getsource(getattr(cls, "forward"))))  # noqa: B009
+    except (OSError, TypeError, AttributeError):
+        return True  # unread: not claimed to compute none
 
 
 def convolution_projections(module: nn.Module) -> list[str]:

@@ -11,7 +11,7 @@ import torch
 
 from mha_verify.mha.reference import multi_head, same_precision
 from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
-from mha_verify.properties.protocol import Instance
+from mha_verify.properties.protocol import Instance, NotApplicable
 from mha_verify.properties.strategies.examples import AttnExample
 
 
@@ -124,6 +124,15 @@ def worst(*measures: Measure) -> Measure:
 
 CheckFn = Callable[[Instance, AttnExample], Measure]
 RelationFn = Callable[[Instance, Instance, AttnExample], Measure]
+
+
+def no_dropout_here(bound: Instance, ex: AttnExample) -> None:
+    """NotApplicable where the layer, built at this example's sizes, holds no dropout at all: a layer
+    whose structure depends on its sizes (vit-pytorch's ``to_out`` is an identity, with no dropout, for one
+    head as wide as the input) declares dropout at the sizes it was read at, not at these."""
+    if not bound.conventions.dropout:
+        raise NotApplicable(f"built at D={ex.sizes.d_model}, H={ex.sizes.n_head} the layer holds no dropout "
+                            "(its structure depends on its sizes)")
 
 
 def error_line(exc: BaseException, limit: int = 300) -> str:

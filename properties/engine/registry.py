@@ -40,6 +40,8 @@ class Property:
 
     def not_applicable(self, conv: Conventions) -> str | None:
         """Why this property cannot apply to a target of these conventions, decided before the run."""
+        if self.needs_grads and conv.grads_refused:
+            return f"inherited from a function the layer calls, which takes no gradients here: {conv.grads_refused}"
         if self.needs_grads and not conv.grads:
             return "the target declares no gradients (e.g. an onnxruntime session)"
         if self.needs_dropout and not conv.dropout:

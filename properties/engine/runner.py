@@ -209,7 +209,10 @@ def run_property(
     start = time.perf_counter()
     conv = target.build(*target.probe_sizes, dtype=prop.dtype if dtype is None else dtype).conventions
     run_dtype = effective_dtype(prop, conv, dtype)
-    if run_dtype == torch.float64 and prop.dtype == torch.float64 and conv.dtype is None:
+    reason = prop.not_applicable(conv)
+    # a property n/a is not probed: the float64 probe of a layer that takes no gradients here (FlexAttention
+    # on the CPU) leaves torch's compiler refusing the layer for the rest of the process
+    if reason is None and run_dtype == torch.float64 and prop.dtype == torch.float64 and conv.dtype is None:
         policy = precision_policy(prop, target, conv)
         if policy is not None:
             policy.seconds = time.perf_counter() - start
@@ -220,7 +223,7 @@ def run_property(
         return prop.check(Checked(target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)), ex)
 
     result, ex = _search(prop.name, prop.strategy, prop.reach, conv, run_dtype, evaluate, key=target.spec,
-                         reason=prop.not_applicable(conv), settings=settings, seed=seed, observer=observer,
+                         reason=reason, settings=settings, seed=seed, observer=observer,
                          replay=replay, start=start)
     if ex is not None:
         result.details["heatmap"] = heatmap(target, ex, run_dtype)

@@ -10,7 +10,15 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.properties.engine.applicable import examples_for, fully_masked
-from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, close, oracle, relation_allowed
+from mha_verify.properties.engine.measure import (
+    UNCHECKED,
+    Measure,
+    Violation,
+    close,
+    no_dropout_here,
+    oracle,
+    relation_allowed,
+)
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.engine.sdpa_calls import UPSTREAM, SdpaCalls, passed_through
 from mha_verify.properties.protocol import SELF_ONLY, Conventions, Instance, NotApplicable
@@ -185,6 +193,7 @@ def dropout_off_in_eval(bound: Instance, ex: AttnExample) -> Measure:
     out_train = out_eval.
     """
     if not bound.set_dropout(0.0):
+        no_dropout_here(bound, ex)
         raise Violation("the target declares dropout, but the adapter found no dropout probability to set")
     try:
         reference = bound(ex.q, ex.k, ex.v, ex.mask).detach()

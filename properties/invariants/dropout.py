@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from mha_verify.mha.reference import concat_heads, value_heads
 from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.binomial import binomial_tail, binomial_two_sided, hoeffding_radius
-from mha_verify.properties.engine.measure import Measure, Violation, worst
+from mha_verify.properties.engine.measure import Measure, Violation, no_dropout_here, worst
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
 from mha_verify.properties.strategies.examples import AttnExample, make_example
@@ -247,6 +247,7 @@ def dropout_statistics(bound: Instance, ex: AttnExample) -> Measure:
     mean multiplier is 1 within Hoeffding's radius. Each count has false-alarm rate 1e-7.
     """
     if not bound.set_dropout(P):
+        no_dropout_here(bound, ex)
         raise Violation("the target declares dropout, but the adapter found no dropout probability to set")
     x = ex.q
     if 4 * x.shape[1] > ex.sizes.head_dim:

@@ -9,10 +9,13 @@ The default SPEC is the reference, ``mha_verify.mha:MultiHeadAttention``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import inspect
 import math
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,25 +82,39 @@ class Bound:
     #: a new instance as built (same sizes, seed, dtype): a Target rebuilds it; a module given as it
     #: is (``export.onnx_export.as_bound``) is deep-copied as it was when bound
     rebuild: Callable[[], Bound] | None = field(default=None, repr=False, compare=False)
+    #: where a function the layer calls refuses autograd (:func:`grads_refused`), its words: the layer is
+    #: then called under ``torch.no_grad()``
+    grads_refused: str | None = None
 
     def __post_init__(self) -> None:
         if self.rebuild is None:
             pristine = copy.deepcopy(self.module)
-            self.rebuild = lambda: Bound(copy.deepcopy(pristine), self.adapter, self.d_model, self.n_head)
+            refused = self.grads_refused
+            self.rebuild = lambda: Bound(copy.deepcopy(pristine), self.adapter, self.d_model, self.n_head,
+                                         grads_refused=refused)
 
     @property
     def conventions(self) -> Conventions:
-        return self.adapter.conventions(self.module)
+        found = self.adapter.conventions(self.module)
+        if self.grads_refused is None:
+            return found
+        return dataclasses.replace(found, grads=False, grads_refused=self.grads_refused, notes=(
+            *found.notes, f"called without gradients: a function it calls refuses them ({self.grads_refused})"))
+
+    def _grad_mode(self) -> contextlib.AbstractContextManager[object]:
+        return torch.no_grad() if self.grads_refused is not None else contextlib.nullcontext()
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         """q (B, Lq, D), k (B, Lk, D), v (B, Lk, D), our mask convention -> (B, Lq, D)."""
-        return self.adapter.call(self.module, q, k, v, mask)
+        with self._grad_mode():
+            return self.adapter.call(self.module, q, k, v, mask)
 
     def with_weights(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``__call__``, also returning the weights (B, H, Lq, Lk); NotApplicable if it cannot."""
-        return self.adapter.call_with_weights(self.module, q, k, v, mask)
+        with self._grad_mode():
+            return self.adapter.call_with_weights(self.module, q, k, v, mask)
 
     def params(self) -> MHAParams:
         return self.adapter.params(self.module)
@@ -109,7 +126,8 @@ class Bound:
         self.module.train(mode)
 
     def cached(self, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
-        return self.adapter.cached(self.module, x, chunks)
+        with self._grad_mode():
+            return self.adapter.cached(self.module, x, chunks)
 
     def fresh(self) -> Bound:
         assert self.rebuild is not None
@@ -138,6 +156,8 @@ class Target:
     #: how a class is built, as a plan that also gives it as data (a standalone replay's recipe);
     #: None for a factory
     plan: construction.Construction | None = field(default=None, repr=False, compare=False)
+    #: where a function the layer calls refuses autograd, its words (:func:`smoke_call`)
+    grads_refused: str | None = None
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -194,13 +214,22 @@ class Target:
             self._adapters[type(module)] = adapter
         except ValueError as exc:
             raise TargetError(str(exc)) from None
-        return Bound(module, adapter, d_model, n_head, lambda: self.build(d_model, n_head, seed=seed, dtype=dtype))
+        return Bound(module, adapter, d_model, n_head, lambda: self.build(d_model, n_head, seed=seed, dtype=dtype),
+                     grads_refused=self.grads_refused)
 
 
-def smoke_call(bound: Bound, spec: str) -> None:
+_AUTOGRAD_REFUSED = re.compile(r"backward|autograd|requires_grad", re.IGNORECASE)
+
+
+def smoke_call(bound: Bound, spec: str) -> str | None:
     """One forward of ``bound`` on a small self-attention example (q = k = v, (2, 3, D), no mask)
     before any property runs: a layer that cannot be called at all is one usage error naming the
-    exception, not a FAIL of every property (each costing a search to say the same)."""
+    exception, not a FAIL of every property (each costing a search to say the same).
+
+    Then the same forward with autograd on: where only that raises, and says it is autograd that is
+    refused (FlexAttention on the CPU: "does not support backward"), the words are returned: a function
+    the layer calls takes no gradients here, which is not the layer's defect, and the forward can still be
+    verified without them. None where autograd runs."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, bound.d_model, generator=generator).to(next(
         (p.dtype for p in bound.module.parameters() if p.is_floating_point()), torch.float32))
@@ -208,12 +237,24 @@ def smoke_call(bound: Bound, spec: str) -> None:
         with torch.no_grad():
             bound(x, x, x)
     except NotApplicable:
-        return  # the adapter refuses this call (it is not an error of the layer's)
+        return None  # the adapter refuses this call (it is not an error of the layer's)
     except (Exception, SystemExit) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
         raise TargetError(f"{spec}: one forward at (d_model={bound.d_model}, n_head={bound.n_head}) on q = k = v "
                           f"of shape (2, 3, {bound.d_model}), no mask, raised {type(exc).__name__}: {first}; "
                           "nothing can be checked") from None
+    try:
+        bound(x.requires_grad_(), x, x)
+    except NotApplicable:
+        return None
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        if _AUTOGRAD_REFUSED.search(first):
+            return f"{type(exc).__name__}: {first}"
+        raise TargetError(f"{spec}: one forward at (d_model={bound.d_model}, n_head={bound.n_head}) with autograd on "
+                          f"raised {type(exc).__name__}: {first} (without autograd it ran); nothing can be "
+                          "checked") from None
+    return None
 
 
 def load_target(spec: str | None = None, *, adapter: str | None = None) -> Target:
@@ -238,7 +279,7 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
         bound.conventions  # noqa: B018 -- a declaration with an unknown key raises here
     except ValueError as exc:
         raise TargetError(str(exc)) from None
-    smoke_call(bound, spec)
+    target.grads_refused = smoke_call(bound, spec)
     return target
 
 

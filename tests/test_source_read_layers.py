@@ -1,0 +1,68 @@
+"""Head counts, projections and gradients read from what a layer shows (tests/fixtures/source_read_layers.py):
+each correct layer passes the oracle, each one-bug twin fails it; a kernel that refuses autograd makes the
+gradient properties n/a of kind inherited while the forward is still verified; steps the oracle does not
+model are refused by name at load."""
+
+from __future__ import annotations
+
+import pytest
+
+from mha_verify.properties.engine.profiles import PROFILES
+from mha_verify.properties.engine.runner import run_property
+from mha_verify.properties.invariants.suite import all_properties
+from mha_verify.properties.protocol import TargetError
+from mha_verify.properties.targets.eager import load_target
+
+pytest.importorskip("einops")
+FIXTURE = "tests/fixtures/source_read_layers.py:"
+
+
+def _verdicts(name: str, checks: tuple[str, ...]) -> dict[str, str]:
+    target = load_target(FIXTURE + name)
+    return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
+
+
+@pytest.mark.parametrize(("layer", "twin"), [("AttrHeads", "AttrHeadsNoTranspose"),
+                                             ("ParamInProj", "ParamInProjSwapped"),
+                                             ("SharedQK", "SharedQKSwapped")])
+def test_a_layer_read_from_what_it_shows_passes_and_its_twin_fails(layer: str, twin: str) -> None:
+    assert set(_verdicts(layer, ("oracle_agreement", "masked_kv_invariance", "head_split")).values()) <= {"pass", "n/a"}
+    assert _verdicts(layer, ("oracle_agreement",)) == {"oracle_agreement": "pass"}
+    assert _verdicts(twin, ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+def test_the_head_count_and_mask_are_said_where_they_were_read() -> None:
+    notes = " ".join(load_target(FIXTURE + "AttrHeads").build(8, 2).conventions.notes)
+    assert "head count from its split of the projections into heads (self.h)" in notes
+    assert "shaped (B, Lq, Lk), a head axis put in by the layer (`mask = mask.unsqueeze(1)`" in notes
+    notes = " ".join(load_target(FIXTURE + "ParamInProj").build(8, 2).conventions.notes)
+    assert "(in_proj_weight, out_proj)" in notes and "torch MHA's convention" in notes
+    notes = " ".join(load_target(FIXTURE + "SharedQK").build(8, 2).conventions.notes)
+    assert "head count from its einops split" in notes
+
+
+def test_a_kernel_without_backward_leaves_the_forward_verified_and_gradients_inherited() -> None:
+    target = load_target(FIXTURE + "NoBackward")
+    assert target.grads_refused == "NotImplementedError: kernel_without_backward does not support backward on CPU"
+    results = {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0)
+               for c in ("oracle_agreement", "gradcheck", "grad_agreement")}
+    assert results["oracle_agreement"].verdict == "pass"
+    for name in ("gradcheck", "grad_agreement"):
+        assert results[name].verdict == "n/a"
+        assert results[name].reason.startswith("inherited from a function the layer calls, which takes no gradients "
+                                               "here: NotImplementedError: kernel_without_backward")
+    assert _verdicts("NoBackwardNoTranspose", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+@pytest.mark.parametrize(("layer", "said"), [
+    ("WithBiasKV", "WithBiasKV takes a step beyond the attention the oracle models: a learned key and value "
+                   "appended to every sequence (bias_k, bias_v (1, 1, 8)), so it cannot be verified yet"),
+    ("Gated", "Gated takes a step beyond the attention the oracle models: a gate (to_gate: Linear), so it cannot "
+              "be verified yet"),
+    ("ProjectionOnly", "ProjectionOnly computes no attention weights in its forward (a projection or a helper of an "
+                       "attention layer): there is no attention to verify"),
+])
+def test_a_step_the_oracle_does_not_model_is_refused_by_name(layer: str, said: str) -> None:
+    with pytest.raises(TargetError) as info:
+        load_target(FIXTURE + layer)
+    assert str(info.value).startswith(said)
