@@ -66,6 +66,8 @@ class Conventions:
         (don't-care: the row is a padding query), read from the recognition tables; None where the
         contract's value is owed. Such rows must still be finite (NaN x 0 is NaN downstream); a value
         other than ``fully_masked`` is then a finding "unspecified by its library", not a failure.
+    mask_lengths: the forward takes key padding as lengths (B,) (right padding only): masks are drawn as right
+        padding, and a property's own mask that is not (a permuted or per-query one) is n/a for that example.
     mask_unsupported: where the forward takes a mask of a form the harness does not draw (a token mask
         applied to queries as well as keys), in words: the mask properties are n/a with it, no finding.
     mask_ignored: where the forward takes a mask argument that its own source says it does not use,
@@ -133,6 +135,7 @@ class Conventions:
     rows_unspecified: str | None = None
     mask_ignored: str | None = None
     mask_unsupported: str | None = None
+    mask_lengths: bool = False
     context_ignored: str | None = None
     causal: bool | str = False
     grads: bool = True

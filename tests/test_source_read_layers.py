@@ -6,11 +6,14 @@ model are refused by name at load."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from mha_verify.mha.masks import additive_mask
+from mha_verify.properties.adapters.signature import lengths_of
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
-from mha_verify.properties.protocol import TargetError
+from mha_verify.properties.protocol import NotApplicable, TargetError
 from mha_verify.properties.targets.eager import load_target
 
 pytest.importorskip("einops")
@@ -66,3 +69,22 @@ def test_a_step_the_oracle_does_not_model_is_refused_by_name(layer: str, said: s
     with pytest.raises(TargetError) as info:
         load_target(FIXTURE + layer)
     assert str(info.value).startswith(said)
+
+
+def test_key_padding_given_as_lengths_is_drawn_as_right_padding_and_said() -> None:
+    conv = load_target(FIXTURE + "Lengths").build(8, 2).conventions
+    assert conv.mask_lengths and conv.fully_masked == "nan"
+    assert "key padding given as lengths (seq_lens (B,), by its name)" in " ".join(conv.notes)
+    verdicts = _verdicts("Lengths", ("oracle_agreement", "masked_kv_invariance", "key_permutation"))
+    assert verdicts == {"oracle_agreement": "pass", "masked_kv_invariance": "pass", "key_permutation": "n/a"}
+    assert _verdicts("LengthsOneMore", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+def test_lengths_are_read_from_right_padding_only() -> None:
+    keep = torch.tensor([[True, True, False], [True, True, True]])[:, None, None, :]  # (B, 1, 1, Lk)
+    assert lengths_of(keep, B=2, Lk=3).tolist() == [2, 3]
+    assert lengths_of(additive_mask(keep, torch.float32), B=2, Lk=3).tolist() == [2, 3]
+    with pytest.raises(NotApplicable, match="this mask is not right padding"):
+        lengths_of(torch.tensor([[False, True, True]]), B=1, Lk=3)  # left padding
+    with pytest.raises(NotApplicable, match="varies along its Lq axis"):
+        lengths_of(torch.ones(2, 3, dtype=torch.bool).tril(), B=1, Lk=3)  # per query

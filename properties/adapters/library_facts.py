@@ -18,7 +18,14 @@ from torch import nn
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.forward_source import forward_sources
 from mha_verify.properties.adapters.mask_reading import read_fill, read_mask
-from mha_verify.properties.adapters.signature import KEY_PADDING, MASK_NAMES, PADDING_NAMES, MaskFormat, read_signature
+from mha_verify.properties.adapters.signature import (
+    KEY_PADDING,
+    LENGTHS,
+    MASK_NAMES,
+    PADDING_NAMES,
+    MaskFormat,
+    read_signature,
+)
 
 
 def library_of(module: nn.Module) -> str:
@@ -52,7 +59,13 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         implementation = read.processor_masks
     row = recognition.library_format(library, implementation)
     exact = read.exact_mask
-    mask = read_signature(module).mask
+    sig = read_signature(module)
+    mask = sig.mask
+    if sig.lengths:  # key padding as lengths (B,): the fill its source uses says what a length of 0 gives
+        fill = read_fill(forward_sources(module))
+        said = {"nan": "; a fully padded item gets NaN (an -inf fill)",
+                "uniform": "; a fully padded item gets uniform weights (a finite fill)"}.get(fill or "", "")
+        return LENGTHS, fill or row.fully_masked, f"key padding given as lengths ({mask} (B,), by its name){said}"
     if mask in PADDING_NAMES:  # its only mask is key padding, whatever its library's
         fill = read_fill(forward_sources(module)) if row is recognition.UNKNOWN_LIBRARY else None
         if fill is not None:  # fairseq's masked_fill(key_padding_mask..., -inf): NaN on a fully padded item

@@ -10,8 +10,9 @@ Roles are found by name, never by counting positional parameters:
   values, as x-transformers, torchtune, diffusers and HF cross-attention take them); neither:
   self-attention only;
 * the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), else a key-padding mask
-  ``key_padding_mask`` (B, Lk), True = padded, as torch's; a mask parameter without a default is given
-  None when there is no mask.
+  ``key_padding_mask`` (B, Lk), True = padded, as torch's, else key padding as lengths (``lengths``,
+  ``seq_lens``, ...: (B,) valid keys per item, right padding only); a mask parameter without a default is
+  given None when there is no mask.
 
 Mask *polarity* is never read from outputs: it comes from a :class:`MaskFormat` that a known
 adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, float additive).
@@ -30,12 +31,16 @@ from torch import nn
 
 from mha_verify.mha.masks import additive_mask, causal_keep, forms_within
 from mha_verify.properties.adapters.mask_convert import to_kind, to_shape
+from mha_verify.properties.protocol import NotApplicable
 
 INPUT_NAMES = ("x", "hidden_states", "input", "inputs", "query", "q")
 KV_PAIRS = (("key", "value"), ("k", "v"))
 CONTEXT_NAMES = ("context", "y", "encoder_hidden_states", "key_value_states", "memory", "kv", "xa")
 MASK_NAMES = ("attn_mask", "attention_mask", "mask")
 PADDING_NAMES = ("key_padding_mask",)
+#: key padding given as each item's number of valid keys (B,): right padding, and nothing else, can be said so
+LENGTH_NAMES = ("lengths", "seq_lens", "seq_lengths", "lens", "key_lengths", "src_lengths", "valid_lens",
+                "valid_lengths", "input_lengths")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Signature:
     mask_required: bool = False  # the mask parameter has no default (GPT-NeoX's attention_mask)
     position_bias: str | None = None  # HF T5's additive position bias, computed by the layer when not given
     context_mask: str | None = None  # BERT-style layers mask cross-attention with encoder_attention_mask
+    lengths: bool = False  # the mask is key padding given as lengths (B,) (:data:`LENGTH_NAMES`)
 
     @property
     def self_attention(self) -> bool:
@@ -82,12 +88,15 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     padding = next((n for n in PADDING_NAMES if n in names), None)
     # a forward whose only mask is key padding (fairseq-style, speech layers) is masked through it
     mask = next((n for n in MASK_NAMES if n in names), padding)
+    lengths = mask is None and any(n in names for n in LENGTH_NAMES)
+    if lengths:
+        mask = next(n for n in LENGTH_NAMES if n in names)
     rotary = "position_embeddings" if "position_embeddings" in names else None
     required = mask is not None and params[mask].default is params[mask].empty
     bias = "position_bias" if "position_bias" in names else None
     context_mask = "encoder_attention_mask" if context is not None and "encoder_attention_mask" in names else None
     return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias,
-                     context_mask)
+                     context_mask, lengths)
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,9 @@ class MaskFormat:
         mask's size to that and raise on any other), "BHLL3" (exactly (B * H, Lq, Lk), the heads
         folded into the batch: Mask2Former's and OneFormer's DETR-style layers), "LL" (one (Lq, Lk)
         mask for every item and head: whisper's classic path), "LLB" ((Lq, Lk, B), batch last, no head
-        axis: labml's sequence-first layers).
+        axis: labml's sequence-first layers), "LEN" (key padding as lengths (B,), long: the keys before
+        position lengths[b] are kept, those from it on removed; a mask that is not right padding has no such
+        form, and is NotApplicable).
     """
 
     kind: str = "keep"
@@ -118,7 +129,7 @@ class MaskFormat:
         return {"BHLL": (True, True, True, True), "BHLL4": (True, True, True, True), "BLL": (True, False, True, True),
                 "BL": (True, False, False, True), "B1LL": (True, False, True, True),
                 "BHLL3": (True, True, True, True), "LL": (False, False, True, True),
-                "LLB": (True, False, True, True)}[self.layout]
+                "LLB": (True, False, True, True), "LEN": (True, False, False, True)}[self.layout]
 
     @property
     def forms(self) -> frozenset[str]:
@@ -131,7 +142,8 @@ class MaskFormat:
                 "additive": "additive float, -inf removes", "additive_min": "additive float, finfo.min removes"}
         shape = {"BHLL": "", "BHLL4": ", of rank 4", "BLL": ", shaped (B, Lq, Lk)", "BL": ", key padding (B, Lk)",
                  "B1LL": ", shaped (B, 1, Lq, Lk) exactly", "BHLL3": ", shaped (B * H, Lq, Lk)",
-                 "LL": ", one (Lq, Lk) mask for every item and head", "LLB": ", shaped (Lq, Lk, B), batch last"}
+                 "LL": ", one (Lq, Lk) mask for every item and head", "LLB": ", shaped (Lq, Lk, B), batch last",
+                 "LEN": ", as lengths (B,) of kept keys (right padding only)"}
         return f"mask passed as {what[self.kind]}{shape[self.layout]}"
 
     def convert(self, mask: torch.Tensor | None, *, B: int, Lq: int, Lk: int, dtype: torch.dtype,
@@ -152,6 +164,8 @@ class MaskFormat:
                 mask = mask + bias
         if mask is None:
             return None
+        if self.layout == "LEN":
+            return lengths_of(mask, B=B, Lk=Lk)
         if self.layout == "BHLL4" and mask.dim() == 2:  # the causal (Lq, Lk) alone: not key padding
             mask = mask[None, None]
         elif self.layout == "B1LL":
@@ -171,6 +185,21 @@ class MaskFormat:
 
 
 
+
+def lengths_of(mask: torch.Tensor, *, B: int, Lk: int) -> torch.Tensor:
+    """Our mask (bool keep-mask or additive float, broadcasting to (B, H, Lq, Lk)) as the lengths (B,)
+    of its kept keys, where it is right padding; NotApplicable where it is not (keys removed in some
+    other place, per query or per head, or a finite bias on a kept key)."""
+    keep = to_kind(mask, "keep", torch.float32, takes=frozenset({"bool"}))
+    keep = to_shape(keep, (B, 1, 1, Lk), (True, False, False, True), (0, 3), what="a layer taking lengths")  # (B, Lk)
+    lengths = keep.sum(-1)  # (B,)
+    if not bool(torch.equal(keep, torch.arange(Lk, device=keep.device)[None, :] < lengths[:, None])):
+        raise NotApplicable("the layer takes key padding as lengths (B,), and this mask is not right padding")
+    return lengths.long()
+
+
+#: how a layer whose only mask is given as lengths takes it (:func:`lengths_of`)
+LENGTHS = MaskFormat(kind="keep", takes=frozenset({"bool"}), layout="LEN")
 
 #: how a forward whose only mask is ``key_padding_mask`` takes it: torch's meaning (True = padded key), (B, Lk)
 KEY_PADDING = MaskFormat(kind="drop", takes=frozenset({"bool"}), layout="BL")

@@ -226,6 +226,7 @@ class StructuralAdapter(Adapter):
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
+            mask_lengths=has_mask and fmt.layout == "LEN",
             cross_attention=takes_kv and (not causal or causal == "bottom_right"),
             kv_shared=shared and sig.key is None,
             weights=returns_weights(module),

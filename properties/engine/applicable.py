@@ -68,7 +68,8 @@ def examples_for(
     Self-attention-only targets get q = k = v, targets that take keys and values as one argument
     (``kv_shared``) k = v != q; targets without a mask get no mask; masks
     come only in the types and shapes the target accepts (``conv.mask``, ``conv.mask_forms``);
-    ``need_mask`` properties (about removed keys) get masks that remove keys, and so do those
+    ``need_mask`` properties (about removed keys) get masks that remove keys, a target taking lengths
+    (``mask_lengths``) right padding only, and so do those
     that ask for no ``large_negatives`` (finite differences cannot resolve a score of 1e9);
     a target of fixed sizes or dtype gets only those. Targets that declare something other
     than zeros on fully masked rows get examples without such rows (the
@@ -82,6 +83,11 @@ def examples_for(
         kinds = ("none",)
     elif need_mask:
         kinds = tuple(k for k in kinds if k != "none")
+    if conv.mask_lengths and kinds != ("none",):  # key padding as lengths (B,): right padding, or none
+        kinds = tuple("right_padding" if k == "padding" else k for k in kinds if k in ("none", "all_keep", "padding"))
+        if not kinds or (kinds == ("none",) and need_mask):
+            return ("the target takes key padding as lengths (B,), which say right padding only: the masks this "
+                    "property needs have no such form")
     forms = tuple(f for f in MASK_FORMS if f in conv.mask_forms)
     if not forms:
         if need_mask:

@@ -15,6 +15,8 @@ from mha_verify.properties.strategies.size_cases import Sizes
 
 # Mask structures; the first shrinks best.
 MASK_KINDS = ("none", "all_keep", "random", "padding", "causal", "fully_masked_rows", "fully_masked_item")
+#: drawn only where asked for: right padding alone, the one padding a layer taking lengths (B,) can be given
+EXTRA_KINDS = ("right_padding",)
 # bool keep-mask; additive float 0/-inf; additive float with finite biases on kept keys;
 # additive float that "removes" keys with a finite large negative (finfo.min, -1e9, -1e4), as HF
 # transformers and fairseq write masks: by the contract a finite value is a bias, applied exactly.
@@ -41,7 +43,7 @@ def mask_specs(
     are drawn twice as often as each other form: bugs in a layer's head axis of the mask show
     nowhere else (the ci examples of oracle_agreement held 3 % of them at equal odds).
     """
-    for name, chosen, allowed in (("kinds", kinds, MASK_KINDS), ("forms", forms, MASK_FORMS),
+    for name, chosen, allowed in (("kinds", kinds, MASK_KINDS + EXTRA_KINDS), ("forms", forms, MASK_FORMS),
                                   ("conventions", conventions, MASK_CONVENTIONS)):
         bad = [c for c in chosen if c not in allowed]
         if not chosen or bad:
@@ -72,7 +74,7 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
         keep = torch.ones(shape, dtype=torch.bool)
     elif kind == "random":
         keep = torch.rand(shape, generator=gen) < 0.6
-    elif kind == "padding":
+    elif kind in ("padding", "right_padding"):
         # per item (where the form has a batch axis) a length, padded on the right (encoder
         # batches), on the left (decoder batches) or with holes (packed or filtered tokens); the
         # first item always has at least one padded key when Lk > 1
@@ -80,6 +82,8 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
         lengths = torch.randint(1, s.lk + 1, (n_items,), generator=gen)  # (n_items,)
         lengths[0] = min(int(lengths[0]), max(1, s.lk - 1))
         sides = torch.randint(0, len(PADDING_SIDES), (n_items,), generator=gen)
+        if kind == "right_padding":
+            sides.zero_()
         keep = torch.stack([_padded(int(n), PADDING_SIDES[int(side)], s.lk, gen)
                             for n, side in zip(lengths, sides, strict=True)]).view(n_items, 1, 1, s.lk)
         keep = keep.expand(n_items, *shape[-3:]) if len(shape) == 4 else keep[0, 0].expand(shape)
@@ -97,7 +101,7 @@ def build_keep(spec: MaskSpec, s: Sizes) -> torch.Tensor | None:
         else:
             keep[:] = False  # no batch axis: every item is the fully masked item
     else:
-        raise ValueError(f"kind must be one of {MASK_KINDS}, got kind={spec.kind!r}")
+        raise ValueError(f"kind must be one of {MASK_KINDS + EXTRA_KINDS}, got kind={spec.kind!r}")
     return keep.contiguous()
 
 
