@@ -88,3 +88,22 @@ def test_lengths_are_read_from_right_padding_only() -> None:
         lengths_of(torch.tensor([[False, True, True]]), B=1, Lk=3)  # left padding
     with pytest.raises(NotApplicable, match="varies along its Lq axis"):
         lengths_of(torch.ones(2, 3, dtype=torch.bool).tril(), B=1, Lk=3)  # per query
+
+
+def test_a_lora_linear_left_uninitialized_is_read_and_drawn_alike_in_every_instance() -> None:
+    target = load_target(FIXTURE + "LoraAttention")
+    bound = target.build(8, 2, seed=3)
+    assert bool(bound.params().w_q.abs().max() < 10)  # its torch.empty weight drawn at 1/sqrt(fan-in)
+    assert torch.equal(bound.params().w_o, target.build(8, 2, seed=3).fresh().params().w_o)
+    assert _verdicts("LoraAttention", ("oracle_agreement", "determinism")) == {
+        "oracle_agreement": "pass", "determinism": "pass"}
+    assert _verdicts("LoraAttentionHeadsMixed", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+def test_an_output_projection_named_first_is_still_the_output() -> None:
+    assert _verdicts("OutNamedFirst", ("oracle_agreement",)) == {"oracle_agreement": "pass"}
+
+
+def test_dropout_checks_are_na_where_the_layer_builds_no_dropout_at_those_sizes() -> None:
+    verdicts = _verdicts("DropoutWithHeads", ("dropout_off_in_eval",))
+    assert verdicts == {"dropout_off_in_eval": "pass"}

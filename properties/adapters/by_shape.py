@@ -37,6 +37,9 @@ _SELF_ATTR = re.compile(r"\bself\.(\w+)\b")
 _ROLE_TOKENS = {"q": {"q", "query", "queries", "wq"}, "k": {"k", "key", "keys", "wk"},
                 "v": {"v", "value", "values", "wv"}}
 
+#: the tokens of an output projection's name (``out_proj``, ``to_out``, ``wo``)
+_OUT_TOKENS = {"out", "output", "wo", "o"}
+
 Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like layer)
 
 
@@ -170,6 +173,9 @@ def read_projections(module: nn.Module) -> Reading | None:
     except Exception:
         return None
     layers = called_projections(module)
+    outs = [i for i, (where, _) in enumerate(layers) if _tokens(where) & _OUT_TOKENS]
+    if len(outs) == 1 and outs[0] != len(layers) - 1:  # fair-esm's column attention names out_proj(v_proj(x)) first
+        layers = [*(layer for i, layer in enumerate(layers) if i != outs[0]), layers[outs[0]]]
     # an identity last: no output projection, the heads concatenated are the output (of the input's width)
     identity = bool(layers) and isinstance(layers[-1][1], nn.Identity)
     if not 2 <= len(layers) <= 4 or any(isinstance(layer, nn.Identity) for _, layer in layers[:-1]):

@@ -15,10 +15,20 @@ from mha_verify.properties.adapters.structural import StructuralAdapter, head_di
 
 
 def _linear_like(layer: object) -> bool:
-    """nn.Linear, or HF's Conv1D (a ``weight`` (in, out) and an ``nf`` out-features attribute)."""
+    """nn.Linear, HF's Conv1D (a ``weight`` (in, out) and an ``nf`` out-features attribute), or a LoRA
+    linear (:func:`_lora`)."""
     return isinstance(layer, nn.Linear) or (
         isinstance(layer, nn.Module) and type(layer).__name__ == "Conv1D" and hasattr(layer, "nf")
-        and isinstance(getattr(layer, "weight", None), torch.Tensor))
+        and isinstance(getattr(layer, "weight", None), torch.Tensor)) or _lora(layer)
+
+
+def _lora(layer: object) -> bool:
+    """A LoRA linear written out (labml's ``lora.Linear``): ``weight`` (out, in) plus ``lora_b`` (out, r) @
+    ``lora_a`` (r, in) times a number ``scaling``, its forward W x + b + scaling B A x."""
+    w, a, b = (getattr(layer, n, None) for n in ("weight", "lora_a", "lora_b"))
+    return isinstance(layer, nn.Module) and all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in (w, a, b)) \
+        and isinstance(getattr(layer, "scaling", None), (int, float)) \
+        and b.shape[0] == w.shape[0] and a.shape[1] == w.shape[1] and a.shape[0] == b.shape[1]  # type: ignore[union-attr]
 
 
 def output_layer(layer: object) -> nn.Module | None:
@@ -56,11 +66,14 @@ def merges_heads(layer: object) -> bool:
 
 
 def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight (out, in), bias (out,) or None) of an nn.Linear or an HF Conv1D (transposed)."""
+    """(weight (out, in), bias (out,) or None) of an nn.Linear, an HF Conv1D (transposed) or a LoRA linear
+    (its weight plus the scaled low-rank product)."""
     weight = layer.weight
     assert isinstance(weight, torch.Tensor)
     bias = getattr(layer, "bias", None)
-    if not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
+    if _lora(layer):  # the weight it applies: W + scaling B A
+        weight = weight + layer.scaling * (layer.lora_b @ layer.lora_a)
+    elif not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
         weight = weight.t()
     return weight, bias if isinstance(bias, torch.Tensor) else None
 

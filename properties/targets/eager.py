@@ -34,7 +34,7 @@ from mha_verify.properties.protocol import Conventions, NotApplicable, TargetErr
 DEFAULT_SPEC = "mha_verify.mha:MultiHeadAttention"
 
 
-def randomize_parameters(module: nn.Module, seed: int) -> None:
+def randomize_parameters(module: nn.Module, seed: int, unset: frozenset[str] = frozenset()) -> None:
     """Redraw every parameter of ``module``, biases included, from ``seed``, at the scale of its init.
 
     A layer is checked with the weights it was built with otherwise, and torch MHA, GPT-2 and
@@ -44,7 +44,10 @@ def randomize_parameters(module: nn.Module, seed: int) -> None:
     keeps its scale: softmax neither saturates nor flattens more than it would in use); a
     tensor whose init is constant zero (biases) gets the mean scale of the layer's weight
     matrices; one of a constant c != 0 (a norm's ones) is drawn as N(c, (c/2)^2); a constant-zero one
-    named other than ``*weight``/``*bias`` (a table, a gate, Transformer-XL's ``u``) stays zero. Buffers
+    named other than ``*weight``/``*bias`` (a table, a gate, Transformer-XL's ``u``) stays zero; a tensor
+    left uninitialized (``unset``: those two constructions from one seed fill differently; non-finite, or
+    1e6 and more) is drawn at 1 / sqrt(fan-in) (a matrix) or at the matrices' scale: its scale would
+    otherwise be the memory's, and differ between two instances of one seed. Buffers
     (causal masks, rotary tables) are left alone. Drawn in the
     parameter's own dtype (float32: 5x faster than drawing float64 and rounding, 22 ms against
     110 ms at d_model 1024).
@@ -54,15 +57,24 @@ def randomize_parameters(module: nn.Module, seed: int) -> None:
     params = [p for name, p in module.named_parameters() if p.is_floating_point()
               and (name.rpartition(".")[2].endswith(("weight", "bias")) or bool(p.detach().ne(0).any()))]
     with torch.no_grad():
-        scales = [float(p.detach().float().std()) if p.numel() > 1 else 0.0 for p in params]
+        # a tensor left uninitialized (labml's LoRA base weight and bias are torch.empty, to be loaded from a
+        # checkpoint) has no scale of its own: its memory's can be 1e35 or NaN. A matrix is drawn at
+        # 1 / sqrt(fan-in), as nn.Linear's init would, a vector at the matrices' scale
+        names = {id(p): name for name, p in module.named_parameters()}
+        garbage = [names[id(p)] in unset or not bool(torch.isfinite(p).all())
+                   or (p.numel() > 0 and float(p.detach().abs().max()) >= 1e6) for p in params]
+        scales = [0.0 if bad or p.numel() < 2 else float(p.detach().float().std())
+                  for p, bad in zip(params, garbage, strict=True)]
+        scales = [p.shape[-1] ** -0.5 if bad and p.dim() >= 2 else x for p, x, bad in zip(params, scales, garbage,
+                                                                                          strict=True)]
         matrix_scales = [x for p, x in zip(params, scales, strict=True) if p.dim() >= 2 and x > 0 and math.isfinite(x)]
         fallback = sum(matrix_scales) / len(matrix_scales) if matrix_scales else 0.02
         generator = torch.Generator().manual_seed(seed * 7919 + 17)
-        for p, scale in zip(params, scales, strict=True):
+        for p, scale, bad in zip(params, scales, garbage, strict=True):
             s = scale if scale > 0 and math.isfinite(scale) else fallback
             # a constant non-zero init (a norm's ones) is drawn around itself, at half its size: a QK-norm
             # weight drawn near 0 would flatten every score, and a bug in them with it
-            level = float(p.detach().float().mean()) if p.numel() and not (scale > 0) else 0.0
+            level = float(p.detach().float().mean()) if p.numel() and not (scale > 0) and not bad else 0.0
             mean, s = (level, abs(level) / 2) if level and math.isfinite(level) else (0.0, s)
             if p.device.type == "cpu":
                 p.normal_(mean, s, generator=generator)
@@ -158,6 +170,8 @@ class Target:
     plan: construction.Construction | None = field(default=None, repr=False, compare=False)
     #: where a function the layer calls refuses autograd, its words (:func:`smoke_call`)
     grads_refused: str | None = None
+    #: per (d_model, n_head), the parameters its constructor leaves uninitialized (:meth:`_unset`)
+    _unset_names: dict[tuple[int, int], frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -194,7 +208,7 @@ class Target:
         if not isinstance(module, nn.Module):
             raise TargetError(f"{self.spec} returned {type(module).__name__}, not a torch.nn.Module")
         if self.randomize:
-            randomize_parameters(module, seed)
+            randomize_parameters(module, seed, self._unset(module, d_model, n_head, seed))
         if any(t.is_floating_point() and t.dtype != dtype for t in (*module.parameters(), *module.buffers())):
             module = module.to(dtype)
         module = module.eval()
@@ -207,6 +221,22 @@ class Target:
             while len(self._pristine) > self.PRISTINE_KEPT:
                 self._pristine.popitem(last=False)
         return self._bind(module, d_model, n_head, seed, dtype)
+
+    def _unset(self, module: nn.Module, d_model: int, n_head: int, seed: int) -> frozenset[str]:
+        """The parameters ``module``'s constructor leaves uninitialized (``torch.empty``, a checkpoint's to
+        fill): those a second construction from the same seed fills differently, found once per size."""
+        key = (d_model, n_head)
+        if key not in self._unset_names:
+            torch.default_generator.manual_seed(seed)
+            try:
+                twin = self.factory(d_model, n_head)
+                theirs = dict(twin.named_parameters()) if isinstance(twin, nn.Module) else {}
+            except Exception:  # built once already: a second build that fails says nothing of the first
+                theirs = {}
+            self._unset_names[key] = frozenset(
+                name for name, p in module.named_parameters()
+                if name in theirs and (p.shape != theirs[name].shape or not torch.equal(p, theirs[name])))
+        return self._unset_names[key]
 
     def _bind(self, module: nn.Module, d_model: int, n_head: int, seed: int, dtype: torch.dtype) -> Bound:
         try:
