@@ -72,7 +72,8 @@ def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     assert isinstance(weight, torch.Tensor)
     bias = getattr(layer, "bias", None)
     if _lora(layer):  # the weight it applies: W + scaling B A
-        weight = weight + layer.scaling * (layer.lora_b @ layer.lora_a)
+        lora_a, lora_b = getattr(layer, "lora_a"), getattr(layer, "lora_b")  # noqa: B009 (tensors, to mypy)
+        weight = weight + float(getattr(layer, "scaling")) * (lora_b @ lora_a)  # noqa: B009
     elif not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
         weight = weight.t()
     return weight, bias if isinstance(bias, torch.Tensor) else None
