@@ -107,3 +107,11 @@ def test_an_output_projection_named_first_is_still_the_output() -> None:
 def test_dropout_checks_are_na_where_the_layer_builds_no_dropout_at_those_sizes() -> None:
     verdicts = _verdicts("DropoutWithHeads", ("dropout_off_in_eval",))
     assert verdicts == {"dropout_off_in_eval": "pass"}
+
+
+def test_a_reading_adapters_subclass_declares_what_the_layer_does_not_show() -> None:
+    target = load_target(FIXTURE + "CausalSharedQK", adapter=FIXTURE + "CausalByShape")
+    assert target.build(8, 2).conventions.causal == "top_left"
+    results = {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict
+               for c in ("oracle_agreement", "no_future_leak")}
+    assert results == {"oracle_agreement": "pass", "no_future_leak": "pass"}

@@ -15,3 +15,4 @@ def retro_chunked(d, h): return cls("labml_nn.transformers.retro.model:ChunkedCr
 def cosine_sim(d, h):
     return cls("memory_efficient_attention_pytorch.memory_efficient_cosine_sim_attention:CosineSimAttention")(
         dim=d, seq_len=64, heads=h, dim_head=d // h)
+def jet_linear(d, h): return cls("vit_pytorch.jet_vit:JetViTLinearAttention")(d, h_s=2, w_s=2, heads=h, dim_head=d // h)

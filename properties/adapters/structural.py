@@ -263,6 +263,8 @@ class StructuralAdapter(Adapter):
         io_layout, io_layout_how = self._layout(module)
         if io_layout != "batch_first":
             found = dataclasses.replace(found, layout=io_layout, notes=(*found.notes, io_layout_how))
+        if self.mha_verify_conventions:  # a user's subclass of a reading adapter declares what it knows
+            found = found.declare(self.mha_verify_conventions, source=f"{type(self).__name__}.mha_verify_conventions")
         conv = declared_conventions(module, found)
         declared = dict(getattr(module, "mha_verify_conventions", None) or {})
         if takes_kv and not conv.cross_attention and isinstance(declared.get("causal"), str) \

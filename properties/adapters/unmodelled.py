@@ -88,7 +88,7 @@ def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]
     for name, child in children.items():
         if _PROJECTION_NAME.search(name.removeprefix("to_")) and isinstance(child, nn.Sequential) and len(child) > 1:
             conv = next((m for part in list(child)[1:] for m in part.modules()
-                         if isinstance(m, nn.modules.conv._ConvNd)), None)
+                         if isinstance(m, nn.modules.conv._ConvNd) or "Convolution" in type(m).__name__), None)
             if conv is not None:
                 after.append(f"{name}: {type(conv).__name__}")
     if after:  # Primer-EZ's depthwise convolution over positions after each projection
