@@ -16,12 +16,14 @@ import inspect
 import math
 import os
 import re
+import warnings
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.utils.deterministic
 from torch import nn
 
 from mha_verify.mha.reference import MHAParams
@@ -34,7 +36,27 @@ from mha_verify.properties.protocol import Conventions, NotApplicable, TargetErr
 DEFAULT_SPEC = "mha_verify.mha:MultiHeadAttention"
 
 
-def randomize_parameters(module: nn.Module, seed: int, unset: frozenset[str] = frozenset()) -> None:
+@contextlib.contextmanager
+def uninitialized_as_nan() -> Iterator[None]:
+    """Construction with torch's deterministic fill of uninitialized memory: a parameter the constructor
+    leaves as ``torch.empty`` (labml's LoRA weight, a checkpoint's to fill) is NaN, not whatever the
+    allocator's block held (1e35 once, 0.5 the next time), so :func:`randomize_parameters` knows it has no
+    scale of its own. Deterministic algorithms warn only, silenced: nothing here is an op to report."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
+    try:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.utils.deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]
+
+
+def randomize_parameters(module: nn.Module, seed: int) -> None:
     """Redraw every parameter of ``module``, biases included, from ``seed``, at the scale of its init.
 
     A layer is checked with the weights it was built with otherwise, and torch MHA, GPT-2 and
@@ -45,9 +67,9 @@ def randomize_parameters(module: nn.Module, seed: int, unset: frozenset[str] = f
     tensor whose init is constant zero (biases) gets the mean scale of the layer's weight
     matrices; one of a constant c != 0 (a norm's ones) is drawn as N(c, (c/2)^2); a constant-zero one
     named other than ``*weight``/``*bias`` (a table, a gate, Transformer-XL's ``u``) stays zero; a tensor
-    left uninitialized (``unset``: those two constructions from one seed fill differently; non-finite, or
-    1e6 and more) is drawn at 1 / sqrt(fan-in) (a matrix) or at the matrices' scale: its scale would
-    otherwise be the memory's, and differ between two instances of one seed. Buffers
+    left uninitialized (NaN under :func:`uninitialized_as_nan`; non-finite, or 1e6 and more) is drawn at
+    1 / sqrt(fan-in) (a matrix) or at the matrices' scale: its scale would otherwise be the memory's, and
+    differ between two instances of one seed. Buffers
     (causal masks, rotary tables) are left alone. Drawn in the
     parameter's own dtype (float32: 5x faster than drawing float64 and rounding, 22 ms against
     110 ms at d_model 1024).
@@ -60,9 +82,8 @@ def randomize_parameters(module: nn.Module, seed: int, unset: frozenset[str] = f
         # a tensor left uninitialized (labml's LoRA base weight and bias are torch.empty, to be loaded from a
         # checkpoint) has no scale of its own: its memory's can be 1e35 or NaN. A matrix is drawn at
         # 1 / sqrt(fan-in), as nn.Linear's init would, a vector at the matrices' scale
-        names = {id(p): name for name, p in module.named_parameters()}
-        garbage = [names[id(p)] in unset or not bool(torch.isfinite(p).all())
-                   or (p.numel() > 0 and float(p.detach().abs().max()) >= 1e6) for p in params]
+        garbage = [not bool(torch.isfinite(p).all()) or (p.numel() > 0 and float(p.detach().abs().max()) >= 1e6)
+                   for p in params]
         scales = [0.0 if bad or p.numel() < 2 else float(p.detach().float().std())
                   for p, bad in zip(params, garbage, strict=True)]
         scales = [p.shape[-1] ** -0.5 if bad and p.dim() >= 2 else x for p, x, bad in zip(params, scales, garbage,
@@ -170,8 +191,6 @@ class Target:
     plan: construction.Construction | None = field(default=None, repr=False, compare=False)
     #: where a function the layer calls refuses autograd, its words (:func:`smoke_call`)
     grads_refused: str | None = None
-    #: per (d_model, n_head), the parameters its constructor leaves uninitialized (:meth:`_unset`)
-    _unset_names: dict[tuple[int, int], frozenset[str]] = field(default_factory=dict, repr=False, compare=False)
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -200,7 +219,8 @@ class Target:
             self._pristine.move_to_end(key)
             return self._bind(copy.deepcopy(kept), d_model, n_head, seed, dtype)
         try:
-            module = self.factory(d_model, n_head)
+            with uninitialized_as_nan():
+                module = self.factory(d_model, n_head)
         except (Exception, SystemExit) as exc:  # sys.exit() in __init__ is a failure to build, not a green exit
             raise TargetError(
                 f"building {self.spec} with (d_model={d_model}, n_head={n_head}) failed: {type(exc).__name__}: {exc}"
@@ -208,7 +228,7 @@ class Target:
         if not isinstance(module, nn.Module):
             raise TargetError(f"{self.spec} returned {type(module).__name__}, not a torch.nn.Module")
         if self.randomize:
-            randomize_parameters(module, seed, self._unset(module, d_model, n_head, seed))
+            randomize_parameters(module, seed)
         if any(t.is_floating_point() and t.dtype != dtype for t in (*module.parameters(), *module.buffers())):
             module = module.to(dtype)
         module = module.eval()
@@ -221,22 +241,6 @@ class Target:
             while len(self._pristine) > self.PRISTINE_KEPT:
                 self._pristine.popitem(last=False)
         return self._bind(module, d_model, n_head, seed, dtype)
-
-    def _unset(self, module: nn.Module, d_model: int, n_head: int, seed: int) -> frozenset[str]:
-        """The parameters ``module``'s constructor leaves uninitialized (``torch.empty``, a checkpoint's to
-        fill): those a second construction from the same seed fills differently, found once per size."""
-        key = (d_model, n_head)
-        if key not in self._unset_names:
-            torch.default_generator.manual_seed(seed)
-            try:
-                twin = self.factory(d_model, n_head)
-                theirs = dict(twin.named_parameters()) if isinstance(twin, nn.Module) else {}
-            except Exception:  # built once already: a second build that fails says nothing of the first
-                theirs = {}
-            self._unset_names[key] = frozenset(
-                name for name, p in module.named_parameters()
-                if name in theirs and (p.shape != theirs[name].shape or not torch.equal(p, theirs[name])))
-        return self._unset_names[key]
 
     def _bind(self, module: nn.Module, d_model: int, n_head: int, seed: int, dtype: torch.dtype) -> Bound:
         try:
