@@ -16,3 +16,6 @@ def cosine_sim(d, h):
     return cls("memory_efficient_attention_pytorch.memory_efficient_cosine_sim_attention:CosineSimAttention")(
         dim=d, seq_len=64, heads=h, dim_head=d // h)
 def jet_linear(d, h): return cls("vit_pytorch.jet_vit:JetViTLinearAttention")(d, h_s=2, w_s=2, heads=h, dim_head=d // h)
+def fast_weights_token_wise(d, h):
+    return cls("labml_nn.transformers.fast_weights.token_wise:FastWeightsAttention")(
+        h, d, dropout_prob=0.0, phi=cls("labml_nn.transformers.fast_weights:DPFP")())
