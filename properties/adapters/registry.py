@@ -145,7 +145,7 @@ def find_adapter(module: nn.Module, name: str | None = None) -> Adapter:
         f"no adapter recognizes {type(module).__name__} (its children: "
         f"{', '.join(n for n, _ in module.named_children()) or 'none'}); known adapters: "
         f"{', '.join(a.name for a in known)} (`mha-verify list` says what each reads); for another layout pass "
-        "--adapter pkg.mod:YourAdapter (docs/conventions-and-adapters.md, about ten lines)"
+        "--adapter pkg.mod:YourAdapter (docs/conventions-and-adapters.md; examples: docs/adapters/)"
     )
 
 
