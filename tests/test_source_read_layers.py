@@ -115,3 +115,9 @@ def test_a_reading_adapters_subclass_declares_what_the_layer_does_not_show() -> 
     results = {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict
                for c in ("oracle_agreement", "no_future_leak")}
     assert results == {"oracle_agreement": "pass", "no_future_leak": "pass"}
+
+
+def test_an_error_of_the_layers_own_with_autograd_on_is_not_a_function_refusing_gradients() -> None:
+    target = load_target(FIXTURE + "InPlaceInput")  # loads: the properties are left to find it
+    assert target.grads_refused is None
+    assert target.build(8, 2).conventions.grads
