@@ -1,7 +1,5 @@
 """labml's AlibiMultiHeadAttention takes (L, B, D) keywords and requires its causal mask (L, L, 1); its
-biases m * (j + 1) under that mask are ALiBi's -m * (i - j) plus a constant per row. Status: it fails
-oracle_agreement (query 0's output is not out_proj(v_0) under the causal mask); not yet read against the
-library's source, so not reported (docs/ecosystem.md)."""
+biases m * (j + 1) under that mask are ALiBi's -m * (i - j) plus a constant per row."""
 from types import MappingProxyType
 
 import torch
@@ -13,5 +11,5 @@ class CausalAlibi(ByShapeAdapter):
     mha_verify_conventions = MappingProxyType({"causal": True, "alibi": True, "self_attention": True, "mask": []})
 
     def call(self, m, q, k, v, mask):
-        x, keep = q.transpose(0, 1), torch.ones(q.shape[1], q.shape[1], 1, dtype=torch.bool).tril()
+        x, keep = q.transpose(0, 1), torch.ones(q.shape[1], q.shape[1], dtype=torch.bool).tril()[..., None]
         return m(query=x, key=x, value=x, mask=keep).transpose(0, 1)

@@ -68,8 +68,8 @@ def examples_for(
     Self-attention-only targets get q = k = v, targets that take keys and values as one argument
     (``kv_shared``) k = v != q; targets without a mask get no mask; masks
     come only in the types and shapes the target accepts (``conv.mask``, ``conv.mask_forms``);
-    ``need_mask`` properties (about removed keys) get masks that remove keys, a target taking lengths
-    (``mask_lengths``) right padding only, and so do those
+    a target taking key padding as lengths (``mask_lengths``) gets right padding only;
+    ``need_mask`` properties (about removed keys) get masks that remove keys, and so do those
     that ask for no ``large_negatives`` (finite differences cannot resolve a score of 1e9);
     a target of fixed sizes or dtype gets only those. Targets that declare something other
     than zeros on fully masked rows get examples without such rows (the
