@@ -70,8 +70,9 @@ _PROJECTION_NAME = re.compile(r"(^|_)(q|k|v|qk|kv|qkv|query|key|value)($|_)", re
 
 _EMITS_MASK = re.compile(r"(^|_)(q|k|v|qk|kv|qkv)_and_mask($|_)", re.IGNORECASE)
 # what an attention layer's forward (or a helper it names) computes somewhere: scores and their weights
-_ATTENDS = re.compile(r"softmax|scaled_dot_product_attention|flex_attention|\battention\w*\(|einsum|matmul|\s@\s"
-                      r"|\battn\w*\(|\battend\w*\(", re.IGNORECASE)
+# (any call whose name holds attention/attn/attend: xformers' memory_efficient_attention, flash_attn_func)
+_ATTENDS = re.compile(r"softmax|scaled_dot_product|attention\w*\(|attn\w*\(|attend\w*\(|einsum|matmul|bmm|\s@\s",
+                      re.IGNORECASE)
 
 
 def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]) -> str | None:
