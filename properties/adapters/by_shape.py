@@ -43,13 +43,13 @@ _OUT_TOKENS = {"out", "output", "wo", "o"}
 Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like layer)
 
 
-def called_projections(module: nn.Module) -> list[Layer]:
+def called_projections(module: nn.Module, parameters: bool = False) -> list[Layer]:
     """The linear-like layers of ``module``'s children that its forward names, in the order of first
     mention: a child, the linear of a [Linear, Dropout...] block, or each element of a ModuleList of
-    linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; a (out, in)
-    Parameter of the layer's own named ``*weight`` (torch MHA's ``in_proj_weight``, applied with
-    ``F.linear``) with its ``*bias`` as a linear."""
-    children = {**_parameter_linears(module), **dict(module.named_children())}
+    linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; with
+    ``parameters``, also a (out, in) Parameter of the layer's own named ``*weight`` (torch MHA's
+    ``in_proj_weight``, applied with ``F.linear``) with its ``*bias`` as a linear."""
+    children = {**(_parameter_linears(module) if parameters else {}), **dict(module.named_children())}
     order: list[str] = []
     _mention_order(type(module), inspect.getattr_static(type(module), "forward", None), children, order, depth=0)
     out: list[Layer] = []
@@ -167,12 +167,17 @@ class Reading:
 
 def read_projections(module: nn.Module) -> Reading | None:
     """The :class:`Reading` of ``module``'s projections, or None where its shapes fit none of the
-    layouts in the module docstring."""
+    layouts in the module docstring: from its linear children, else with its own ``*weight`` Parameters
+    too (only then: a table of its own named so, an (H, H) mixing, stays a step for the refusal)."""
     try:
         heads = n_head_of(module)
     except Exception:
         return None
-    layers = called_projections(module)
+    return _fit(called_projections(module), heads) or _fit(called_projections(module, parameters=True), heads)
+
+
+def _fit(layers: list[Layer], heads: int) -> Reading | None:
+    """The reading of ``layers`` (in the order the forward names them) for ``heads`` heads, or None."""
     outs = [i for i, (where, _) in enumerate(layers) if _tokens(where) & _OUT_TOKENS]
     if len(outs) == 1 and outs[0] != len(layers) - 1:  # fair-esm's column attention names out_proj(v_proj(x)) first
         layers = [*(layer for i, layer in enumerate(layers) if i != outs[0]), layers[outs[0]]]
