@@ -93,10 +93,11 @@ class Conventions:
     kv_cache: the KV-cache protocol the target's forward takes, read from it (``"hf_cache"``: a
         transformers ``Cache`` argument and the layer's ``layer_idx``, :mod:`adapters.kv_cache`), or
         None: the target cannot be run position by position through a cache of its own.
-    layout: how the target takes q, k, v and gives its output: "batch_first" (B, L, D), or "seq_first"
-        (L, B, D: fairseq's and speech layers'); declared or read by a probe at load
-        (:mod:`adapters.layout_probe`). The properties hand (B, L, D) over either way; the adapter
-        transposes.
+    layout: how the target takes q, k, v and gives its output: "batch_first" (B, L, D), "seq_first"
+        (L, B, D: fairseq's and speech layers'), or one of :data:`GRID_LAYOUTS` (a 4-D input that
+        attends along one axis: a sequence given as one row, (B, 1, L, D) for "B1LD"); declared or read by
+        a probe at load (:mod:`adapters.layout_probe`). The properties hand (B, L, D) over either way; the
+        adapter moves the axes.
     torch_modes: torch's inference mode and training mode reach the computation (False for an
         onnxruntime session: it computes the same whatever torch's modes).
     output_dtype: the dtype of every output whatever the inputs' (a layer that always returns
@@ -212,6 +213,8 @@ class Conventions:
             parts.append(f"{self.kv_heads} kv heads")
         if self.layout == "seq_first":
             parts.append("sequence first (L, B, D)")
+        elif self.layout in GRID_LAYOUTS:
+            parts.append(f"4-D inputs ({', '.join(self.layout)}): a sequence as one row")
         if self.sizes:
             parts.append(f"fixed d_model={self.sizes[0]}, n_head={self.sizes[1]}")
         if self.head_dim_multiple > 1:
@@ -257,8 +260,11 @@ def _causal(value: object) -> bool | str:
     return causal_alignment(value) or False
 
 
+#: 4-D inputs (A0, A1, A2, D) taking a sequence as one row: where its batch B and its positions L go among
+#: the first three axes, the third of size 1 (SAM's image encoder (B, H, W, C) takes (B, 1, L, D): "B1LD")
+GRID_LAYOUTS = ("B1LD", "BL1D", "1BLD", "1LBD", "L1BD", "LB1D")
 #: the layouts of q, k, v and the output a target may take (Conventions.layout)
-LAYOUTS = ("batch_first", "seq_first")
+LAYOUTS = ("batch_first", "seq_first", *GRID_LAYOUTS)
 
 
 def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:

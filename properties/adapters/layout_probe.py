@@ -2,10 +2,19 @@
 ``query`` is (T, B, C), HF's ``hidden_states`` (B, L, D)), and a probe with q = k = v of two equal
 axes cannot either.
 
-The probe x has axes of 2 and 3: one element, x[0, 1], is changed. Attention mixes positions and never
-batch items, so a batch-first layer changes its output of item 0 only (out[0, :]), a sequence-first
-one its output of item 1 only (out[:, 1]). Anything else (no change, both, a layer the probe cannot
-call with x alone) is read as batch-first, the harness's default, and can be declared otherwise.
+The probe x has axes of 2 and 3: one element, x[0, 1], is changed (its features reversed). Attention
+mixes positions and never batch items, so a batch-first layer changes its output of item 0 only
+(out[0, :]), a sequence-first one its output of item 1 only (out[:, 1]). Anything else (no change,
+both) is read as batch-first, the harness's default, and can be declared otherwise.
+
+A layer that cannot be called on (A0, A1, D) at all may take a 4-D input (SAM's image encoder a feature
+map (B, H, W, C), fair-esm's axial layers an alignment (R, C, B, D), MobileViT patches (B, P, N, D)).
+It is probed at (2, 3, 5, D) with x[1, 1, 1] changed: the axes along which other outputs move are the
+ones it attends along, the others are batch-like. A sequence (B, L, D) is then given as one row of
+such an input (:data:`protocol.GRID_LAYOUTS`): L along an attended axis, B along a batch-like one,
+the third axis 1; the first placement whose own probe attends along L (an output other than the
+changed one moves) and keeps the batch items apart is taken. The axes are read from what the layer
+does, never from its names.
 """
 
 from __future__ import annotations
@@ -16,14 +25,23 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from mha_verify.properties.protocol import GRID_LAYOUTS
+
 _READ: weakref.WeakKeyDictionary[nn.Module, tuple[str, str]] = weakref.WeakKeyDictionary()
+
+
+def _changed(features: torch.Tensor) -> torch.Tensor:
+    """One position's features (..., D) changed so that any layer sees it: reversed, not shifted (a layer
+    that normalizes its input over D first sees no shift, and at D = 2 a LayerNorm keeps only the sign of
+    x0 - x1, which a reversal flips)."""
+    return features.flip(-1) if features.shape[-1] > 1 else features + 1.0
 
 
 def _moved(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: torch.dtype) -> torch.Tensor | None:
     """(2, 3) bool: which outputs moved when x[0, 1] did, or None where the output is not (2, 3, *)."""
     x = torch.randn(2, 3, d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
     y = x.clone()
-    y[0, 1] += 1.0
+    y[0, 1] = _changed(x[0, 1])
     with torch.no_grad():
         before, after = run(x), run(y)
     if before.dim() < 2 or tuple(before.shape[:2]) != (2, 3) or after.shape != before.shape:
@@ -31,29 +49,93 @@ def _moved(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: tor
     return (after.double() - before.double()).abs().flatten(2).amax(dim=-1) > 0
 
 
+def to_layer(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """q, k or v (B, L, D) in ``layout`` (:data:`protocol.LAYOUTS`): transposed, or one row of a 4-D input."""
+    if layout == "seq_first":
+        return t.transpose(0, 1)
+    if layout in GRID_LAYOUTS:
+        return t.unsqueeze(2).permute(*("BL1".index(axis) for axis in layout[:3]), 3)  # (B, L, 1, D) -> layout
+    return t
+
+
+def from_layer(out: torch.Tensor, layout: str) -> torch.Tensor:
+    """An output in ``layout`` as (B, L, D): :func:`to_layer` undone."""
+    if layout == "seq_first":
+        return out.transpose(0, 1)
+    if layout in GRID_LAYOUTS:
+        return out.permute(*(layout.index(axis) for axis in "BL1"), 3)[:, :, 0]
+    return out
+
+
+def _moved_grid(run: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...], at: tuple[int, ...],
+                dtype: torch.dtype) -> torch.Tensor | None:
+    """Which outputs (``shape`` less D, bool) moved when x[at] did, for x of ``shape``; None where the
+    output is not of x's shape but for D, or the layer refuses the input."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+    y = x.clone()
+    y[at] = _changed(x[at])
+    try:
+        with torch.no_grad():
+            before, after = run(x), run(y)
+    except Exception:
+        return None
+    if not isinstance(before, torch.Tensor) or before.dim() != len(shape) \
+            or tuple(before.shape[:-1]) != shape[:-1] or after.shape != before.shape:
+        return None
+    return (after.double() - before.double()).abs().amax(dim=-1) > 0
+
+
+def _grid(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: torch.dtype) -> tuple[str, str] | None:
+    """The grid layout (module docstring) of a layer that takes a 4-D input, with how it was read; None
+    where it takes none or attends along no axis apart from the others."""
+    moved = _moved_grid(run, (2, 3, 5, d_model), (1, 1, 1), dtype)
+    if moved is None or not bool(moved[1, 1, 1]):
+        return None
+    hits = moved.nonzero()  # (n, 3): the outputs that moved
+    attended = [a for a in range(3) if bool((hits[:, a] != 1).any())]
+    batch_like = [a for a in range(3) if a not in attended]
+    for seq in reversed(attended):  # the last attended axis first: a feature map's row-major W
+        for batch in batch_like:
+            layout = "".join("L" if a == seq else "B" if a == batch else "1" for a in range(3)) + "D"
+            shape = (*(3 if c == "L" else 2 if c == "B" else 1 for c in layout[:3]), d_model)
+            at = tuple(1 if c == "L" else 0 for c in layout[:3])
+            seen = _moved_grid(run, shape, at, dtype)
+            if seen is None:
+                continue
+            rows = from_layer(seen[..., None], layout)[..., 0]  # (2, 3): item, position
+            if bool(rows[0, 0] or rows[0, 2]) and not bool(rows[1].any()):
+                return layout, (f"4-D inputs ({', '.join(layout)}): a sequence as one row, read by a probe: at "
+                                "(2, 3, 5, D) changing x[1, 1, 1] moved outputs along axes "
+                                f"{', '.join(map(str, attended))} only")
+    return None
+
+
 def read_layout(module: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], d_model: int,
                 dtype: torch.dtype) -> tuple[str, str]:
-    """("batch_first" | "seq_first", how it was read) for ``module``, whose forward ``run`` calls as
-    self-attention on x (A0, A1, D) in the layer's own layout; read once per module, in eval mode with
-    torch's random state restored."""
+    """(a layout of :data:`protocol.LAYOUTS`, how it was read) for ``module``, whose forward ``run`` calls
+    as self-attention on x (A0, A1, D), or (A0, A1, A2, D), in the layer's own layout; read once per
+    module, in eval mode with torch's random state restored."""
     if module in _READ:
         return _READ[module]
     if torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing():
         return "batch_first", ""  # never a probe call inside a trace: the layout was read before it
     training = module.training
+    grid = None
     try:
         module.eval()
         with torch.random.fork_rng(devices=[]):
-            moved = _moved(run, d_model, dtype)
-    except Exception:  # a forward that needs more than x: the default, declarable
-        moved = None
+            try:
+                moved = _moved(run, d_model, dtype)
+            except Exception:  # a forward that takes no (A0, A1, D): perhaps a 4-D input
+                moved = None
+                grid = _grid(run, d_model, dtype)
     finally:
         module.train(training)
     layout = ("seq_first", "sequence first (L, B, D), read by a probe: changing x[0, 1] moved only the outputs "
               "[:, 1]") if moved is not None and bool(moved[:, 1].any()) and not bool(
-        moved[:, 0].any() or moved[:, 2].any()) and bool(moved[1].any()) else ("batch_first", "")
+        moved[:, 0].any() or moved[:, 2].any()) and bool(moved[1].any()) else grid or ("batch_first", "")
     _READ[module] = layout
     return layout
 
 
-__all__ = ["read_layout"]
+__all__ = ["from_layer", "read_layout", "to_layer"]

@@ -12,7 +12,9 @@ Roles are found by name, never by counting positional parameters:
 * the mask: ``attn_mask``, ``attention_mask`` or ``mask`` (first found), else a key-padding mask
   ``key_padding_mask`` (B, Lk), True = padded, as torch's, else key padding as lengths (``lengths``,
   ``seq_lens``, ...: (B,) valid keys per item, right padding only); a mask parameter without a default is
-  given None when there is no mask.
+  given None when there is no mask;
+* any other parameter without a default is given None (a position or mask of its own that the layer
+  takes as "none given"), and the conventions say so.
 
 Mask *polarity* is never read from outputs: it comes from a :class:`MaskFormat` that a known
 adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, float additive).
@@ -59,6 +61,8 @@ class Signature:
     position_bias: str | None = None  # HF T5's additive position bias, computed by the layer when not given
     context_mask: str | None = None  # BERT-style layers mask cross-attention with encoder_attention_mask
     lengths: bool = False  # the mask is key padding given as lengths (B,) (:data:`LENGTH_NAMES`)
+    #: parameters with no default and no role above (vit-pytorch's ``rotary_emb, pos, block_mask``): given None
+    unnamed_required: tuple[str, ...] = ()
 
     @property
     def self_attention(self) -> bool:
@@ -95,8 +99,10 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     required = mask is not None and params[mask].default is params[mask].empty
     bias = "position_bias" if "position_bias" in names else None
     context_mask = "encoder_attention_mask" if context is not None and "encoder_attention_mask" in names else None
+    roles = {first, key, value, context, mask, padding, rotary, bias, context_mask}
+    unnamed = tuple(n for n in names if n not in roles and params[n].default is params[n].empty)
     return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias,
-                     context_mask, lengths)
+                     context_mask, lengths, unnamed)
 
 
 @dataclass(frozen=True)

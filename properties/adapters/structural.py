@@ -68,7 +68,7 @@ from mha_verify.properties.adapters.layer_attrs import (
     returns_weights,
     set_all_dropout,
 )
-from mha_verify.properties.adapters.layout_probe import read_layout
+from mha_verify.properties.adapters.layout_probe import from_layer, read_layout, to_layer
 from mha_verify.properties.adapters.library_facts import (
     always_masked,
     argument_ignored,
@@ -85,7 +85,7 @@ from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_nor
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
 from mha_verify.properties.adapters.unmodelled import describe_steps
-from mha_verify.properties.protocol import Conventions, NotApplicable
+from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, NotApplicable
 
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
 _JOINT = re.compile(r"cat\(\s*[\[(]\s*(hidden_states\s*,\s*encoder_hidden_states"
@@ -258,9 +258,14 @@ class StructuralAdapter(Adapter):
                                  scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
-                   + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})")),
+                   + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})"),
+                   *((f"forward's {', '.join(given_none(module))} (required, no role the harness reads) "
+                      "given None",) if given_none(module) else ())),
         )
         io_layout, io_layout_how = self._layout(module)
+        if io_layout in GRID_LAYOUTS and found.mask:  # where a mask goes in a 4-D layout is not read
+            found = dataclasses.replace(found, mask=frozenset(), notes=(
+                *found.notes, f"its mask ({sig.mask}) not given: how it lays out a mask over 4-D inputs is not read"))
         if io_layout != "batch_first":
             found = dataclasses.replace(found, layout=io_layout, notes=(*found.notes, io_layout_how))
         if self.mha_verify_conventions:  # a user's subclass of a reading adapter declares what it knows
@@ -358,6 +363,7 @@ class StructuralAdapter(Adapter):
                 kwargs[sig.key] = kwargs[sig.value] = x
             if sig.mask is not None and sig.mask_required:
                 kwargs[sig.mask] = None
+            kwargs.update(dict.fromkeys(given_none(module)))
             # forward itself, not the module's __call__: a probe is no call of the check's, and a hook
             # recording the check's calls (a replay bundle, the precision reading) must not see it
             return first_output(module.forward(**kwargs))
@@ -366,21 +372,21 @@ class StructuralAdapter(Adapter):
         return read_layout(module, run, p.w_q.shape[1], p.w_q.dtype)
 
     @staticmethod
-    def _seq_first(conv: Conventions, kwargs: dict[str, object], sig_names: tuple[str | None, ...]) -> None:
-        """q, k, v (B, L, D) in ``kwargs`` as (L, B, D) for a sequence-first layer (one tensor stays one)."""
-        if conv.layout != "seq_first":
+    def _in_layout(conv: Conventions, kwargs: dict[str, object], sig_names: tuple[str | None, ...]) -> None:
+        """q, k, v (B, L, D) in ``kwargs`` in the layer's layout (:func:`layout_probe.to_layer`): (L, B, D)
+        for a sequence-first layer, one row of a 4-D input for a grid one (one tensor stays one)."""
+        if conv.layout == "batch_first":
             return
         seen: dict[int, torch.Tensor] = {}
         for name in (n for n in sig_names if n is not None):
             t = kwargs.get(name)
             if isinstance(t, torch.Tensor) and t.dim() == 3:
-                kwargs[name] = seen.setdefault(id(t), t.transpose(0, 1))
+                kwargs[name] = seen.setdefault(id(t), to_layer(t, conv.layout))
 
     def call(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              mask: torch.Tensor | None) -> torch.Tensor:
-        out = first_output(module(**self._points(module, self._kwargs(module, q, k, v, mask))))
-        if self.conventions(module).layout == "seq_first":
-            out = out.transpose(0, 1)  # (L, B, D) -> (B, L, D)
+        out = from_layer(first_output(module(**self._points(module, self._kwargs(module, q, k, v, mask)))),
+                         self.conventions(module).layout)  # -> (B, L, D)
         return out[:, 0] if takes_points(module) else out
 
     def call_with_weights(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -393,7 +399,7 @@ class StructuralAdapter(Adapter):
         at = 2 if read_signature(module).position_bias is not None else 1
         if not (isinstance(out, tuple) and len(out) > at and isinstance(out[at], torch.Tensor)):
             raise NotApplicable("the target's forward returned no attention weights")
-        first = out[0].transpose(0, 1) if self.conventions(module).layout == "seq_first" else out[0]
+        first = from_layer(out[0], self.conventions(module).layout)
         return (first[:, 0] if takes_points(module) else first), out[at]  # weights (B * 1, H, Lq, Lk)
 
     @staticmethod
@@ -418,7 +424,7 @@ class StructuralAdapter(Adapter):
         fmt = library_format(module)[0]
         if mask is not None and not conv.mask:
             raise NotApplicable("the target's forward takes no mask")
-        kwargs: dict[str, object] = {sig.input: q}
+        kwargs: dict[str, object] = {sig.input: q, **dict.fromkeys(given_none(module))}
         # identity first: no torch.equal (data-dependent) while an exporter traces a self-attention call
         if sig.key is not None and sig.value is not None:
             if not conv.cross_attention and not is_same_input(q, k, v):
@@ -457,7 +463,7 @@ class StructuralAdapter(Adapter):
             cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each
             # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
             kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
-        self._seq_first(conv, kwargs, (sig.input, sig.key, sig.value, sig.context))
+        self._in_layout(conv, kwargs, (sig.input, sig.key, sig.value, sig.context))
         return kwargs
 
     def cached(self, module: nn.Module, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
@@ -483,7 +489,7 @@ class StructuralAdapter(Adapter):
                                                start=start)
                 kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
             kwargs[name] = cache
-            out = first_output(module(**self._points(module, kwargs)))
+            out = from_layer(first_output(module(**self._points(module, kwargs))), conv.layout)
             return out[:, 0] if takes_points(module) else out
 
         return run_chunks(x, chunks, call)
@@ -492,6 +498,16 @@ class StructuralAdapter(Adapter):
         return set_all_dropout(module, p)
 
 
+
+
+def given_none(module: nn.Module) -> tuple[str, ...]:
+    """The forward parameters ``module`` is given None for (:attr:`Signature.unnamed_required`): only in a
+    library the harness has no facts about. In one it knows, a required argument is one its models always
+    pass (T5Gemma2's merged mask, Gemma 4's shared key-value states), a protocol the harness does not
+    model: the layer stays unbuilt, naming it, rather than judged on a call its library never makes."""
+    if library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
+        return ()
+    return read_signature(module).unnamed_required
 
 
 def head_dim_of(module: nn.Module, params: MHAParams) -> int:
