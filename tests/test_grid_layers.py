@@ -12,7 +12,7 @@ from mha_verify.properties.adapters.layout_probe import from_layer, to_layer
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
-from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions
+from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, TargetError
 from mha_verify.properties.targets.eager import load_target
 
 FIXTURE = "tests/fixtures/grid_layers.py:"
@@ -57,3 +57,12 @@ def test_a_layer_of_no_4d_input_keeps_the_default_layout() -> None:
 
     module = torch.nn.MultiheadAttention(8, 2, batch_first=True)
     assert read_layout(module, lambda x: module(x, x, x)[0], 8, torch.float32)[0] == "batch_first"
+
+
+def test_a_call_that_fails_on_a_none_given_says_so_and_a_tensor_argument_is_never_given_none() -> None:
+    with pytest.raises(TargetError, match=r"no mask \(forward's table \(required, no role the harness reads\) "
+                                          r"given None\), raised TypeError"):
+        load_target(FIXTURE + "RequiredTable")
+    with pytest.raises(TargetError, match=r"raised TypeError: TwoInputs.forward\(\) missing 1 required positional "
+                                          r"argument: 'h'"):
+        load_target(FIXTURE + "TwoInputs")

@@ -184,8 +184,9 @@ class QKVNoOutputAdapter(StructuralAdapter):
         return row.q, row.k, row.v
 
     def matches(self, module: nn.Module) -> bool:
-        # any output projection another layout names means this is not BERT's projection-less layer
-        outs = {o for row in recognition.PROJECTIONS for o in row.out}
+        # any output projection another layout names (or labml's ``output``) means this is not BERT's
+        # projection-less layer: by_shape reads it with its output, and names what else it does
+        outs = {"output", *(o for row in recognition.PROJECTIONS for o in row.out)}
         return (all(_linear_like(getattr(module, n, None)) for n in self._names())
                 and not any(isinstance(getattr(module, n, None), nn.Module) for n in outs))
 

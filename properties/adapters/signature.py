@@ -13,8 +13,9 @@ Roles are found by name, never by counting positional parameters:
   ``key_padding_mask`` (B, Lk), True = padded, as torch's, else key padding as lengths (``lengths``,
   ``seq_lens``, ...: (B,) valid keys per item, right padding only); a mask parameter without a default is
   given None when there is no mask;
-* any other parameter without a default is given None (a position or mask of its own that the layer
-  takes as "none given"), and the conventions say so.
+* any other parameter without a default, unless annotated as a tensor alone, is given None (a position
+  or mask of its own that the layer takes as "none given"; only in a library the harness has no facts
+  about, ``structural.given_none``), and the conventions say so.
 
 Mask *polarity* is never read from outputs: it comes from a :class:`MaskFormat` that a known
 adapter states, or a declaration; unknown layers get SDPA's (bool True = keep, float additive).
@@ -100,9 +101,18 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     bias = "position_bias" if "position_bias" in names else None
     context_mask = "encoder_attention_mask" if context is not None and "encoder_attention_mask" in names else None
     roles = {first, key, value, context, mask, padding, rotary, bias, context_mask}
-    unnamed = tuple(n for n in names if n not in roles and params[n].default is params[n].empty)
+    unnamed = tuple(n for n in names if n not in roles and params[n].default is params[n].empty
+                    and not _tensor_only(params[n].annotation))
     return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias,
                      context_mask, lengths, unnamed)
+
+
+def _tensor_only(annotation: object) -> bool:
+    """A parameter annotated as a tensor and nothing else (``h: torch.Tensor``, also as a string): None is
+    not a value it takes (labml's retro cross-attention takes its queries' input second, so annotated)."""
+    if isinstance(annotation, str):
+        return annotation.strip() in ("torch.Tensor", "Tensor")
+    return annotation is torch.Tensor
 
 
 @dataclass(frozen=True)
