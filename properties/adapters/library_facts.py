@@ -40,6 +40,11 @@ def library_of(module: nn.Module) -> str:
     return type(module).__module__.split(".")[0]
 
 
+#: transformers' dispatch written as an attribute lookup (Kosmos-2.5's vision attention): AttentionInterface is a
+#: mapping with no such attributes, so the default, eager_attention_forward, is what runs
+_GETATTR_INTERFACE = re.compile(r"getattr\(\s*ALL_ATTENTION_FUNCTIONS\s*,")
+
+
 def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
     """(mask format, fully masked convention, a note) for the library ``module`` comes from
     (:data:`mha_verify.properties.adapters.recognition.LIBRARY_FORMATS`).
@@ -55,6 +60,12 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         implementation += "+position_bias"
     library = library_of(module)
     read = read_sources(forward_sources(module))
+    dispatch = ""
+    if library == "transformers" and any(_GETATTR_INTERFACE.search(source) for _, source in forward_sources(module)):
+        implementation, dispatch = "eager", (
+            f"; its forward looks its attention function up with getattr(ALL_ATTENTION_FUNCTIONS, ...), an "
+            f"attribute the registry does not have: eager_attention_forward runs whatever _attn_implementation "
+            f"says ({implementation!r}), so it is called as eager")
     if library == "diffusers":  # its processors repeat a (B, Lq, Lk) mask over heads, or pass it as is
         implementation = read.processor_masks
     row = recognition.library_format(library, implementation)
@@ -78,7 +89,8 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
             fmt = reading.format(row.mask)
             return (fmt, reading.fully_masked or row.fully_masked,
                     f"mask convention read from its source: {'; '.join(reading.how)}")
-    return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, row.note
+    return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, \
+        row.note + dispatch
 
 
 def _other_masks(module: nn.Module, name: str) -> tuple[str, ...]:

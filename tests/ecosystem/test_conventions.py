@@ -89,3 +89,19 @@ def test_an_sdpa_layer_without_is_causal_is_called_with_a_mask_as_its_model_call
     for name in ("oracle_agreement", "query_permutation"):
         result = run_property(all_properties()[name], target, settings=PROFILES["quick"], seed=0)
         assert result.verdict == "pass" and result.examples >= 10, result
+
+
+@pytest.mark.parametrize(("model", "cls"), [("kosmos2_5", "Kosmos2_5VisionAttention"),
+                                            ("pix2struct", "Pix2StructVisionAttention")])
+def test_a_layer_is_called_the_way_its_forward_dispatches_and_read_with_its_output(model: str, cls: str) -> None:
+    # query/key/value with an `output` projection: by_shape reads all four (qkv_no_output took it for BERT's
+    # projection-less layer and refused the output weight); Kosmos-2.5's vision layer runs eager whatever
+    # its config says (test_findings.py), so it gets eager's additive masks
+    pytest.importorskip("transformers")
+    target = load_target(HF.format(model, cls))
+    described = target.build(8, 2).conventions.describe()
+    assert "query, key, value and output projections (query, key, value, output)" in described
+    assert ("so it is called as eager" in described) == (model == "kosmos2_5")
+    for name in ("oracle_agreement", "masked_kv_invariance"):
+        result = run_property(all_properties()[name], target, settings=PROFILES["quick"], seed=0)
+        assert result.verdict == "pass" and result.examples >= 10, result

@@ -568,3 +568,22 @@ def test_sam_attention_takes_keys_and_values_of_different_lengths(model: str, pr
     q, k, v = _x(1, 3, 8)[:, None], _x(1, 2, 8)[:, None], _x(1, 5, 8)[:, None]  # (B, points, L, D)
     with torch.no_grad():
         assert layer(q, k, v)[0].shape == (1, 1, 3, 8)  # no error for Lk = 2, Lv = 5
+
+
+def test_kosmos2_5_vision_attention_runs_eager_whatever_its_attn_implementation() -> None:
+    # getattr(ALL_ATTENTION_FUNCTIONS, "sdpa", eager_attention_forward): the registry is a mapping with no
+    # such attribute, so the default runs; its text attention uses ALL_ATTENTION_FUNCTIONS.get_interface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    m = _hf_modeling("kosmos2_5")
+    assert getattr(ALL_ATTENTION_FUNCTIONS, "sdpa", None) is None and "sdpa" in ALL_ATTENTION_FUNCTIONS
+    config = m.Kosmos2_5VisionConfig(hidden_size=8, num_attention_heads=2, head_dim=4)
+    config._attn_implementation = "sdpa"
+    layer = m.Kosmos2_5VisionAttention(config).eval()
+    x = _x()
+    with torch.no_grad():
+        unmasked = layer(x)[0]
+        # a bool mask, as transformers' sdpa masks are, removes every key under SDPA; here it is added, +0
+        dropped = layer(x, attention_mask=torch.zeros(2, 1, 4, 4, dtype=torch.bool))[0]
+    assert torch.equal(dropped, unmasked)
+    assert layer(x, attention_mask=torch.zeros(2, 1, 4, 4))[1] is not None  # eager returns its weights
