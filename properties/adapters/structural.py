@@ -84,7 +84,7 @@ from mha_verify.properties.adapters.library_facts import (
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
-from mha_verify.properties.adapters.unmodelled import describe_steps
+from mha_verify.properties.adapters.unmodelled import BEYOND, describe_steps, residual
 from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, NotApplicable
 
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
@@ -166,6 +166,10 @@ class StructuralAdapter(Adapter):
             raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
                              f"{describe_steps(module, extra, heads)}, so it cannot be verified yet (a gate, a "
                              "learned scale, attention sinks, a convolution are refused the same way)")
+        kept = residual(forward_sources(module)[0][1], sig.input)
+        if kept:  # labml's retro attention adds its input back: x + attention(x) is no attention
+            raise ValueError(f"{type(module).__name__} adds its input back to its output (a residual: `{kept}`), "
+                             f"{BEYOND}")
         if not sig.rotary:
             positional = _own_positional(module)
             if positional:  # labml's query_rotary_pe: a rotation the oracle does not read, a false FAIL

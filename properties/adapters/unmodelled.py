@@ -14,6 +14,9 @@ Read from the parameter's shape, the module that holds it and its name, in this 
 * a learned key and value appended to every sequence (torch MHA's ``bias_k``/``bias_v``);
 * a normalization the oracle does not apply (vit-pytorch's pre-norm ``norm`` inside the layer);
 * anything else: named as it is, with its shape.
+
+A step with no parameter of its own is read from the forward's source: its input added back to its
+output (:func:`residual`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import re
 import torch
 from torch import nn
 
-_BEYOND = "a step beyond the attention the oracle models, so it cannot be verified yet"
+BEYOND = "a step beyond the attention the oracle models, so it cannot be verified yet"
 _GATE = re.compile(r"(^|_)gates?($|_)", re.IGNORECASE)
 _XL_NAMES = {"u", "v", "r_w_bias", "r_r_bias", "pos_bias_u", "pos_bias_v", "content_bias", "pos_bias"}
 _RELATIVE = re.compile(r"rel|relative|pos(ition)?_?(emb|bias|table)|bias_table|pos_?emb", re.IGNORECASE)
@@ -82,9 +85,9 @@ def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]
     children = dict(module.named_children())
     for name, child in children.items():
         if _GATE.search(name.removeprefix("to_")):
-            return f"takes a gate ({name}: {type(child).__name__}), {_BEYOND}"
+            return f"takes a gate ({name}: {type(child).__name__}), {BEYOND}"
         if _EMITS_MASK.search(name.removeprefix("to_")):
-            return f"takes a projection that also gives a learned mask ({name}: {type(child).__name__}), {_BEYOND}"
+            return f"takes a projection that also gives a learned mask ({name}: {type(child).__name__}), {BEYOND}"
     after = []
     for name, child in children.items():
         if _PROJECTION_NAME.search(name.removeprefix("to_")) and isinstance(child, nn.Sequential) and len(child) > 1:
@@ -93,12 +96,25 @@ def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]
             if conv is not None:
                 after.append(f"{name}: {type(conv).__name__}")
     if after:  # Primer-EZ's depthwise convolution over positions after each projection
-        return f"takes a convolution over positions after its projections ({', '.join(after)}), {_BEYOND}"
+        return f"takes a convolution over positions after its projections ({', '.join(after)}), {BEYOND}"
     text = "\n".join(source for _, source in sources)
     if text.strip() and not _ATTENDS.search(text) and not type(module).__module__.startswith("torch.") \
             and not any(_attends(type(m)) for m in module.modules() if m is not module):
         return ("computes no attention weights in its forward (a projection or a helper of an attention layer): "
                 "there is no attention to verify")
+    return None
+
+
+def residual(source: str, input_name: str) -> str | None:
+    """Where a forward's ``source`` keeps its input aside and adds it back to what it returns (labml's
+    retro attention: ``e_res = e`` ... ``return e + e_res``), the line that keeps it; None otherwise. The
+    residual of a block is its caller's: a layer that adds it itself computes x + attention(x)."""
+    kept = re.finditer(rf"^[ \t]*(\w*(?:res|shortcut|skip)\w*)\s*=\s*{re.escape(input_name)}\s*$", source,
+                       re.MULTILINE | re.IGNORECASE)
+    for hit in kept:
+        name = re.escape(hit.group(1))
+        if re.search(rf"\+\s*{name}\b|\b{name}\s*\+", source[hit.end():]):
+            return hit.group(0).strip()
     return None
 
 
