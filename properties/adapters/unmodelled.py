@@ -109,8 +109,8 @@ def residual(source: str, input_name: str) -> str | None:
     """Where a forward's ``source`` keeps its input aside and adds it back to what it returns (labml's
     retro attention: ``e_res = e`` ... ``return e + e_res``), the line that keeps it; None otherwise. The
     residual of a block is its caller's: a layer that adds it itself computes x + attention(x)."""
-    kept = re.finditer(rf"^[ \t]*(\w*(?:res|shortcut|skip)\w*)\s*=\s*{re.escape(input_name)}\s*$", source,
-                       re.MULTILINE | re.IGNORECASE)
+    kept = re.finditer(rf"^[ \t]*((?:\w+_)?(?:res|resid|residual|shortcut|skip)(?:_\w+)?)\s*=\s*"
+                       rf"{re.escape(input_name)}\s*$", source, re.MULTILINE | re.IGNORECASE)
     for hit in kept:
         name = re.escape(hit.group(1))
         if re.search(rf"\+\s*{name}\b|\b{name}\s*\+", source[hit.end():]):
