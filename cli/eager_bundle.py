@@ -109,6 +109,9 @@ def write_eager_bundle(directory: str | Path, target: Target, result: CheckResul
         mode, allowed = "raises", 0.0
         expected = f"a tensor of shape {(s.batch, s.lq, s.d_model)} (the layer's output for these inputs)"
         cause = f"{type(raised).__name__}: {(str(raised).strip().splitlines() or [''])[0][:300]}"
+    elif bound.conventions.beyond:  # a law broken between calls: the oracle, which does not model it, is no expectation
+        return (f"no bundle: laws only (it takes {bound.conventions.beyond}): a standalone bundle holds one call "
+                f"against the oracle, which does not model the layer; {result.name}'s replay command reproduces it")
     elif isinstance(out, torch.Tensor) and out.shape != (s.batch, s.lq, s.d_model):  # the output contract's breach
         ref, _, _ = oracle(bound, ex)
         mode, allowed = "differs", 0.0

@@ -124,6 +124,12 @@ class Conventions:
     head_dim_multiple: head widths the target accepts are multiples of it, declared or read (a
         layer that runs its rotary code on pairs of columns even where the rotation is by 0);
         a rotary's own multiple applies besides.
+    beyond: the steps the layer takes beyond the attention the oracle models, in words (a gate, a
+        relative-position table, cosine-similarity scores), or None. Such a layer is verified by
+        the laws alone (:data:`LAWS_ONLY`): a check against the oracle is n/a naming the steps, and
+        relations between its outputs get allowances measured against its own float64 forward.
+    beyond_positional: a step of ``beyond`` makes its output depend on positions (a relative table,
+        a rotary of its own): the permutation laws are n/a too.
     notes: the conventions in words, printed in the report.
     """
 
@@ -163,6 +169,8 @@ class Conventions:
     window: int | None = None
     max_length: int | None = None
     head_dim_multiple: int = 1
+    beyond: str | None = None
+    beyond_positional: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -224,6 +232,8 @@ class Conventions:
         if self.output_dtype is not None:
             parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
         parts += self.scoring.describe()
+        if self.beyond:
+            parts.append(f"laws only: it takes {self.beyond}")
         fixed = [f"{n}={a}" for n, a in zip(("B", "Lq", "Lk"), self.axes, strict=True) if a is not None]
         if fixed:
             parts.append(f"fixed {', '.join(fixed)}")
@@ -234,6 +244,8 @@ class Conventions:
 NO_MASK = "the target's forward takes no mask"
 #: how the reason of a property that needs keys apart from the queries begins, on a self-attention layer
 SELF_ONLY = "self-attention only"
+#: how a check against the oracle is n/a for a layer taking a step beyond it (``Conventions.beyond``)
+LAWS_ONLY = "laws only"
 
 
 def _subset(allowed: tuple[str, ...]) -> Callable[[object], frozenset[str]]:

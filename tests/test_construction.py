@@ -64,12 +64,6 @@ def test_a_layer_built_from_its_library_config_is_verified() -> None:
     assert result.verdict == "pass" and result.examples > 0, result
 
 
-def test_a_layer_that_scales_its_queries_by_a_learned_parameter_is_refused_with_the_reason() -> None:
-    # QK-norm is applied by the oracle (tests/test_scoring.py); a learned query scale is not
-    with pytest.raises(TargetError, match=r"LearnedQueryScale scales its queries by a learned parameter \(scaling\)"):
-        load_target("tests/fixtures/kv_layers.py:LearnedQueryScale")
-
-
 def test_causality_stated_in_a_diffusers_style_processor_is_read() -> None:
     target = load_target("tests/fixtures/kv_layers.py:ProcessorLayer")
     conv = target.build(8, 2).conventions

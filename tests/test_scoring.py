@@ -164,15 +164,3 @@ def test_a_softcapped_layers_grad_and_head_split_agree() -> None:
 def test_a_qk_norm_layer_missing_a_form_is_a_usage_error() -> None:
     with pytest.raises(TargetError, match="computes neither RMSNorm, LayerNorm nor an L2 norm"):
         load_target("tests/fixtures/scored_layers.py:UnknownNorm")
-
-
-def test_a_layer_with_parameters_no_step_of_the_oracle_uses_is_refused_naming_them() -> None:
-    # judged against plain attention, Dory's learned query scale and gate would be a false FAIL
-    with pytest.raises(TargetError, match=r"GatedOutput takes a step beyond the attention the oracle models: sqk \("):
-        load_target(FIXTURE + "GatedOutput")
-
-
-def test_a_query_projection_wider_than_the_output_projection_takes_is_refused() -> None:
-    with pytest.raises(TargetError, match=r"QueryAndGate's query projection gives 16 features where its output "
-                                          r"projection takes 8"):
-        load_target(FIXTURE + "QueryAndGate")

@@ -58,16 +58,10 @@ def test_a_kernel_without_backward_leaves_the_forward_verified_and_gradients_inh
 
 
 @pytest.mark.parametrize(("layer", "said"), [
-    ("WithBiasKV", "WithBiasKV takes a step beyond the attention the oracle models: a learned key and value "
-                   "appended to every sequence (bias_k, bias_v (1, 1, 8)), so it cannot be verified yet"),
-    ("Gated", "Gated takes a step beyond the attention the oracle models: a gate (to_gate: Linear), so it cannot "
-              "be verified yet"),
-    ("WithResidual", "WithResidual adds its input back to its output (a residual: `x_res = x`), a step beyond the "
-                     "attention the oracle models, so it cannot be verified yet"),
     ("ProjectionOnly", "ProjectionOnly computes no attention weights in its forward (a projection or a helper of an "
                        "attention layer): there is no attention to verify"),
 ])
-def test_a_step_the_oracle_does_not_model_is_refused_by_name(layer: str, said: str) -> None:
+def test_a_layer_with_no_attention_is_refused_by_name(layer: str, said: str) -> None:
     with pytest.raises(TargetError) as info:
         load_target(FIXTURE + layer)
     assert str(info.value).startswith(said)

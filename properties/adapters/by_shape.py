@@ -30,6 +30,7 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters.head_count import head_count_source, n_head_of
 from mha_verify.properties.adapters.projections import _linear_like, output_layer, weight_bias
 from mha_verify.properties.adapters.structural import StructuralAdapter
+from mha_verify.properties.adapters.unmodelled import is_gate
 from mha_verify.properties.protocol import NotApplicable
 
 _SELF_ATTR = re.compile(r"\bself\.(\w+)\b")
@@ -173,7 +174,14 @@ def read_projections(module: nn.Module) -> Reading | None:
         heads = n_head_of(module)
     except Exception:
         return None
-    return _fit(called_projections(module), heads) or _fit(called_projections(module, parameters=True), heads)
+    return _fit(_ungated(called_projections(module)), heads) \
+        or _fit(_ungated(called_projections(module, parameters=True)), heads)
+
+
+def _ungated(layers: list[Layer]) -> list[Layer]:
+    """``layers`` without those named for a gate (vit-pytorch's ``to_gates``): no projection of q, k, v
+    or the output, and a step the layer's conventions name (``Conventions.beyond``)."""
+    return [(where, layer) for where, layer in layers if not is_gate(where.partition("[")[0])]
 
 
 def _fit(layers: list[Layer], heads: int) -> Reading | None:

@@ -239,6 +239,11 @@ _OTHER_OPERATORS_UNKNOWN = (
 )
 
 
+#: operators of :data:`_OTHER_OPERATORS_UNKNOWN` under which the laws still hold (q and k normalized
+#: position by position, every key reached): such a layer is verified by the laws alone
+LAWFUL_OPERATORS = frozenset(what for _, what in _OTHER_OPERATORS_UNKNOWN)
+
+
 def other_operator(module: nn.Module) -> str:
     """What the layer's source shows it computes instead of softmax attention over every key, or ""."""
     sources = forward_sources(module)

@@ -70,6 +70,7 @@ from mha_verify.properties.adapters.layer_attrs import (
 )
 from mha_verify.properties.adapters.layout_probe import from_layer, read_layout, to_layer
 from mha_verify.properties.adapters.library_facts import (
+    LAWFUL_OPERATORS,
     always_masked,
     argument_ignored,
     argument_unread,
@@ -84,7 +85,7 @@ from mha_verify.properties.adapters.library_facts import (
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
-from mha_verify.properties.adapters.unmodelled import BEYOND, describe_steps, residual
+from mha_verify.properties.adapters.unmodelled import describe_steps, residual
 from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, NotApplicable
 
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
@@ -139,43 +140,47 @@ class StructuralAdapter(Adapter):
     """
 
     def conventions(self, module: nn.Module) -> Conventions:
+        # steps beyond the attention the oracle models, under which the laws still hold: the layer is
+        # verified by the laws alone, each step named (judged against the oracle, it would fail every
+        # check, and each failure would say nothing of the step)
+        beyond: list[str] = []
+        positional = False
         other = other_operator(module)
-        if other:  # judged against softmax attention over every key it would fail every property
+        if other in LAWFUL_OPERATORS:  # cosine-similarity or linear attention
+            beyond.append(f"a scoring of its own (its forward {other})")
+        elif other:  # an FFT, a random sample of keys: not even the laws of attention are its laws
             raise ValueError(f"{type(module).__name__}'s forward {other}, so it cannot be verified as attention")
         q_norm, k_norm, v_norm = self._norms(module)
         learned = [a for a in SCALE_ATTRS if isinstance(getattr(module, a, None), nn.Parameter)]
         if learned:  # TimesFM: softplus(scaling) per query dimension
-            raise ValueError(f"{type(module).__name__} scales its queries by a learned parameter ({learned[0]}): "
-                             "a step the oracle does not model, so it cannot be verified yet")
+            beyond.append(f"a learned scale of its queries ({learned[0]})")
         p = self.params(module)
         if p.w_o is not None and p.w_q.shape[0] != p.w_o.shape[1]:  # Qwen3-Next: q_proj gives q and a gate
-            raise ValueError(f"{type(module).__name__}'s query projection gives {p.w_q.shape[0]} features where its "
-                             f"output projection takes {p.w_o.shape[1]}: queries and something more (an output "
-                             "gate), a step the oracle does not model, so it cannot be verified yet")
+            beyond.append(f"an output gate from its query projection ({p.w_q.shape[0]} features, where its output "
+                          f"projection takes {p.w_o.shape[1]})")
         position_bias = layer_position_bias(module)
         sig = read_signature(module)
         pre = input_norms(module, forward_sources(module)[0][1], sig.input, sig.context) \
             if sig.key is None else None  # a pre-norm of the layer's input (and its context)
         pre_norm, context_norm = (None, None) if pre is None else (pre.norm, pre.context_norm)
-        extra = self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm), position_bias)
-        if extra:  # nGPT's learned query scale and gate (Dory), ... : judged against plain attention, a false FAIL
+        extra = [name for name in self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm),
+                                                   position_bias) if name not in learned]  # named above
+        if extra:  # nGPT's learned query scale, a gate (Dory), talking heads, a relative-position table
             try:
                 heads: int | None = n_head_of(module)
             except NotApplicable:
                 heads = None
-            raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
-                             f"{describe_steps(module, extra, heads)}, so it cannot be verified yet (a gate, a "
-                             "learned scale, attention sinks, a convolution are refused the same way)")
+            words, moves = describe_steps(module, extra, heads)
+            beyond.append(words)
+            positional = positional or moves
         kept = residual(forward_sources(module)[0][1], sig.input)
-        if kept:  # labml's retro attention adds its input back: x + attention(x) is no attention
-            raise ValueError(f"{type(module).__name__} adds its input back to its output (a residual: `{kept}`), "
-                             f"{BEYOND}")
+        if kept:  # labml's retro attention adds its input back: x + attention(x)
+            beyond.append(f"its input added back to its output (a residual: `{kept}`)")
         if not sig.rotary:
-            positional = _own_positional(module)
-            if positional:  # labml's query_rotary_pe: a rotation the oracle does not read, a false FAIL
-                raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
-                                 f"{positional}, so it cannot be verified yet (declare a rotary the oracle reads, or "
-                                 "write an adapter)")
+            own = _own_positional(module)
+            if own:  # labml's query_rotary_pe: a rotation the oracle does not read
+                beyond.append(own)
+                positional = True
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
         if fully_masked == "uniform" and causal and own_causal_mask(module):
@@ -247,6 +252,8 @@ class StructuralAdapter(Adapter):
             # its rotary code still runs, on pairs of columns (LightGlue's stacks x[..., ::2] with
             # x[..., 1::2]): where the rotation is by 0, head widths stay even
             head_dim_multiple=2 if sig.rotary and rotary is None else 1,
+            beyond=", ".join(beyond) or None,
+            beyond_positional=positional,
             q_norm=q_norm,
             k_norm=k_norm,
             v_norm=v_norm,

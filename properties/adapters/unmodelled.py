@@ -33,6 +33,11 @@ _XL_NAMES = {"u", "v", "r_w_bias", "r_r_bias", "pos_bias_u", "pos_bias_v", "cont
 _RELATIVE = re.compile(r"rel|relative|pos(ition)?_?(emb|bias|table)|bias_table|pos_?emb", re.IGNORECASE)
 
 
+def is_gate(name: str) -> bool:
+    """Whether a child's name is a gate's (``gate``, ``to_gate``, ``to_out_gates``, ``gate_proj``)."""
+    return bool(_GATE.search(name.removeprefix("to_")))
+
+
 def _owner(module: nn.Module, name: str) -> nn.Module:
     path = name.rpartition(".")[0]
     return module.get_submodule(path) if path else module
@@ -49,7 +54,7 @@ def describe_step(module: nn.Module, name: str, param: torch.Tensor, heads: int 
     if leaf in _XL_NAMES and heads and shape and (shape[0] == heads or param.numel() % heads == 0) \
             and not isinstance(owner, nn.Linear):
         return f"Transformer-XL's per-head content/position biases ({name} {shape})"
-    if any(_GATE.search(part.removeprefix("to_")) for part in name.split(".")[:-1]):
+    if any(is_gate(part) for part in name.split(".")[:-1]):
         return f"a gate ({name.rpartition('.')[0]}: {type(owner).__name__})"
     if leaf in ("bias_k", "bias_v"):
         prefix = name[: -len(leaf)]
@@ -61,11 +66,17 @@ def describe_step(module: nn.Module, name: str, param: torch.Tensor, heads: int 
     return f"{name} {shape}"
 
 
-def describe_steps(module: nn.Module, names: list[str], heads: int | None) -> str:
-    """The steps of ``names`` in words, one per step (a norm's weight and bias are one step)."""
+#: steps that act on each position alone or on every position alike: permuting positions commutes with them
+_POSITION_FREE = ("mixing across heads", "a gate", "a learned key and value", "a normalization")
+
+
+def describe_steps(module: nn.Module, names: list[str], heads: int | None) -> tuple[str, bool]:
+    """The steps of ``names`` in words, one per step (a norm's weight and bias are one step), and
+    whether any may depend on positions (a relative table, Transformer-XL's biases, a parameter not
+    named for a step: permuting positions is not assumed to commute with it)."""
     params = dict(module.named_parameters())
-    steps = [describe_step(module, n, params[n], heads) for n in names]
-    return ", ".join(dict.fromkeys(steps))
+    steps = list(dict.fromkeys(describe_step(module, n, params[n], heads) for n in names))
+    return ", ".join(steps), not all(step.startswith(_POSITION_FREE) for step in steps)
 
 
 _PROJECTION_NAME = re.compile(r"(^|_)(q|k|v|qk|kv|qkv|query|key|value)($|_)", re.IGNORECASE)
@@ -84,7 +95,7 @@ def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]
     attention at all, in words that follow the class's name; None where nothing says why."""
     children = dict(module.named_children())
     for name, child in children.items():
-        if _GATE.search(name.removeprefix("to_")):
+        if is_gate(name):
             return f"takes a gate ({name}: {type(child).__name__}), {BEYOND}"
         if _EMITS_MASK.search(name.removeprefix("to_")):
             return f"takes a projection that also gives a learned mask ({name}: {type(child).__name__}), {BEYOND}"

@@ -9,7 +9,7 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.masks import MASK_FORMS, causal_keep, full_keep
-from mha_verify.properties.protocol import NO_MASK, Conventions
+from mha_verify.properties.protocol import LAWS_ONLY, NO_MASK, Conventions
 from mha_verify.properties.strategies.examples import AttnExample, attention_examples
 from mha_verify.properties.strategies.masks import MASK_KINDS, MaskSpec, mask_specs
 from mha_verify.properties.strategies.size_cases import Sizes, sizes
@@ -36,6 +36,16 @@ def fully_masked(ex: AttnExample, causal: bool | str = False) -> torch.Tensor:
 def comparable_rows(ex: AttnExample, causal: bool | str = False) -> torch.Tensor:
     """bool (B, Lq): output rows with no fully masked head row (comparable under any convention)."""
     return ~fully_masked(ex, causal).any(dim=1)
+
+
+def weights_beyond(conv: Conventions) -> str | None:
+    """Why the weights a layer returns are not held to softmax's laws (rows summing to one, zero on
+    masked keys): it takes a step the oracle does not model (``Conventions.beyond``: talking heads mix
+    them across heads after the softmax); None where they are."""
+    if not conv.beyond:
+        return None
+    return (f"{LAWS_ONLY}: it takes {conv.beyond}, a step beyond the attention the oracle models, which may "
+            "change the weights it returns")
 
 
 def _mask_conventions(conv: Conventions, removal: bool) -> tuple[str, ...]:

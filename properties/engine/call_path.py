@@ -121,6 +121,14 @@ class Checked:
     def params(self) -> MHAParams:
         return self.inner.params()
 
+    def in_float64(self) -> Instance:
+        """The wrapped instance computing in float64 (:meth:`targets.eager.Bound.in_float64`);
+        NotApplicable where it has no such form (an onnxruntime session)."""
+        widen = getattr(self.inner, "in_float64", None)
+        if widen is None:
+            raise NotApplicable("laws only: the target has no float64 forward to measure its rounding against")
+        return Checked(widen())
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         before = _snapshot(q, k, v, mask)

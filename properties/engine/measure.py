@@ -89,8 +89,32 @@ def relation_allowed(bound: Instance, ex: AttnExample) -> float:
     (``error > nan`` is False). Where the same-precision formula itself overflows, the allowance
     is not finite, and the comparisons treat the example as unchecked.
     """
+    if bound.conventions.beyond:
+        return _own_allowed(bound, ex)
     ref, _, same = oracle(bound, ex)
     finite = torch.isfinite(ref)
+    c = compare(same[finite], ref[finite], same[finite], ex.q.dtype)
+    return 2.0 * tolerance_for(ex.q.dtype).allowed(c.ref_error, c.scale)
+
+
+def _own_allowed(bound: Instance, ex: AttnExample) -> float:
+    """The relation tolerance of a layer the oracle does not model (``Conventions.beyond``): the
+    same rule, with the layer as its own same-precision reference. Its output is held against its
+    own float64 forward (the same weights widened): that distance is its rounding, as the
+    same-precision formula's is the oracle's. NotApplicable where the target cannot be widened
+    (an exported model has its dtype)."""
+    widen = getattr(bound, "in_float64", None)
+    if widen is None:
+        raise NotApplicable("laws only: the target has no float64 forward to measure its rounding against")
+    wide = widen()
+
+    widened: dict[int, torch.Tensor] = {}  # one tensor stays one (self-attention's q = k = v)
+    q, k, v = (widened.setdefault(id(t), t.detach().double()) for t in (ex.q, ex.k, ex.v))
+    mask = ex.mask.double() if ex.mask is not None and ex.mask.is_floating_point() else ex.mask
+    with torch.no_grad():
+        same = bound(ex.q, ex.k, ex.v, ex.mask).detach()
+        ref = wide(q, k, v, mask).detach()
+    finite = torch.isfinite(ref) & torch.isfinite(same)
     c = compare(same[finite], ref[finite], same[finite], ex.q.dtype)
     return 2.0 * tolerance_for(ex.q.dtype).allowed(c.ref_error, c.scale)
 

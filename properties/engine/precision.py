@@ -83,11 +83,18 @@ class PrecisionReading:
     allowed_low: float
     steps: tuple[Step, ...]
     example: str
+    #: the layer takes a step the oracle does not model (``Conventions.beyond``): its output was not
+    #: held against the oracle (error and allowances NaN), and any low-precision step is its policy
+    laws_only: bool = False
 
     @property
     def policy(self) -> bool:
         """The layer computes float64 inputs at a lower precision, and that precision explains its
-        error: a float64 check's premise does not hold (a precision policy, not a defect)."""
+        error: a float64 check's premise does not hold (a precision policy, not a defect). For a layer
+        held by the laws alone no error can be measured against the oracle: a lower precision anywhere
+        in its float64 forward is the policy (a float64 gradcheck would measure that rounding)."""
+        if self.laws_only:
+            return bool(self.steps)
         return bool(self.steps) and self.error > self.allowed64 and self.error <= self.allowed_low
 
     @property
@@ -100,6 +107,9 @@ class PrecisionReading:
     def finding(self) -> str:
         """The finding in words: at what precision, where, and by how much."""
         where = "; ".join(s.describe() for s in self.steps[:4]) + ("; ..." if len(self.steps) > 4 else "")
+        if self.laws_only:
+            return (f"float64 inputs are computed at {self.dtype} precision {where} (laws only: its output is not "
+                    f"held against the oracle; {self.example})")
         return (f"float64 inputs are computed at {self.dtype} precision {where}. Its float64 output differs "
                 f"from the float64 oracle by {self.error:.3g} (float64 computation allows {self.allowed64:.3g}, "
                 f"{self.dtype} {self.allowed_low:.3g}; {self.example})")
@@ -169,10 +179,12 @@ def measure_precision(bound: Instance, q: torch.Tensor, k: torch.Tensor, v: torc
         for h in handles:
             h.remove()
     conv = bound.conventions
+    steps = _steps(recorder.seen, types)
+    if conv.beyond:
+        return PrecisionReading(math.nan, math.nan, math.nan, steps, example, laws_only=True)
     params = bound.params()
     ref, _ = multi_head(q, k, v, params, bound.n_head, None, causal=conv.causal, fully_masked=conv.fully_masked,
                         scoring=conv.scoring)
-    steps = _steps(recorder.seen, types)
 
     def allowed(dtype: torch.dtype) -> tuple[float, float]:
         same, _ = same_precision(q, k, v, params, bound.n_head, None, dtype=dtype, oracle=ref, causal=conv.causal,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import CheckFn, RelationFn
-from mha_verify.properties.protocol import Conventions
+from mha_verify.properties.protocol import LAWS_ONLY, Conventions
 from mha_verify.properties.strategies.examples import AttnExample
 
 StrategyFn = Callable[[Conventions], "st.SearchStrategy[AttnExample] | str"]
@@ -37,6 +37,18 @@ class Property:
     # "full": every size case, swept; "modest": MODEST_CASES (several passes per example); "lengths":
     # MODEST_CASES, then the sweep of every length and batch boundary (not the wide-head cases, D up to 1024)
     reach: str = "modest"
+    # holds the layer against the oracle (its formula, its weights, its projections): n/a for a layer
+    # taking a step the oracle does not model (``Conventions.beyond``)
+    needs_oracle: bool = False
+
+    def beyond_oracle(self, conv: Conventions) -> str | None:
+        """Why this check cannot hold a layer taking steps beyond the oracle, or None."""
+        if self.needs_oracle and conv.beyond:
+            # one reason for every such check: the report says it once, naming them all
+            return (f"{LAWS_ONLY}: it takes {conv.beyond}, a step beyond the attention the oracle models: the checks "
+                    "against the oracle are n/a; the laws are checked, each allowance measured against its own "
+                    "float64 forward")
+        return None
 
     def not_applicable(self, conv: Conventions) -> str | None:
         """Why this property cannot apply to a target of these conventions, decided before the run."""
@@ -50,7 +62,7 @@ class Property:
             return f"the target is causal: {self.causal_forbids}"
         if self.dtype == torch.float64 and conv.dtype is not None and conv.dtype != torch.float64:
             return f"it runs in float64, and the target computes in {str(conv.dtype).replace('torch.', '')} only"
-        return None
+        return self.beyond_oracle(conv)
 
     @property
     def doc(self) -> str:
@@ -66,10 +78,10 @@ PROPERTIES: dict[str, Property] = {}
 
 def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype = torch.float32, *,
               needs_grads: bool = False, needs_dropout: bool = False, causal_forbids: str | None = None,
-              reach: str = "modest") -> Callable[[CheckFn], CheckFn]:
+              reach: str = "modest", needs_oracle: bool = False) -> Callable[[CheckFn], CheckFn]:
     """Register ``check`` as the property ``name`` (default examples: :func:`examples_for`).
 
-    ``needs_grads``, ``needs_dropout`` and ``causal_forbids`` declare when the property
+    ``needs_grads``, ``needs_dropout``, ``causal_forbids`` and ``needs_oracle`` declare when the property
     cannot apply, so the runner decides it from the target's conventions before running.
     ``reach="full"``: the property gets every size case of the strategies and the runner's
     boundary sweep (the properties that see block-boundary bugs); "modest" keeps sizes that
@@ -83,7 +95,7 @@ def invariant(name: str, strategy: StrategyFn | None = None, dtype: torch.dtype 
         if name in PROPERTIES:
             raise ValueError(f"property {name!r} is registered twice")
         PROPERTIES[name] = Property(name, check, strategy or (lambda conv: examples_for(conv, dtype=dtype)), dtype,
-                                    needs_grads, needs_dropout, causal_forbids, reach)
+                                    needs_grads, needs_dropout, causal_forbids, reach, needs_oracle)
         return check
 
     return register

@@ -24,6 +24,9 @@ KINDS: dict[str, str] = {
     # an input outside a precondition the tool that made the model documents (onnxruntime's fused
     # attention reads the mask as lengths: right padding only), measured and said
     "precondition": "outside a documented precondition",
+    # a check against the oracle, n/a for a layer that takes a step the oracle does not model (a gate,
+    # a relative-position table): the layer is held by the laws alone, and the step is named
+    "beyond": "beyond the oracle (laws only)",
 }
 
 

@@ -32,7 +32,15 @@ from mha_verify.properties.engine.measure import Measure, Violation, error_line
 from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.registry import Property, Relation, StrategyFn
 from mha_verify.properties.engine.results import CheckResult
-from mha_verify.properties.protocol import NO_MASK, SELF_ONLY, Conventions, NotApplicable, Subject, TargetError
+from mha_verify.properties.protocol import (
+    LAWS_ONLY,
+    NO_MASK,
+    SELF_ONLY,
+    Conventions,
+    NotApplicable,
+    Subject,
+    TargetError,
+)
 from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.strategies.size_cases import boundary_cases, forced_size_case, modest_size_cases
 
@@ -294,7 +302,8 @@ def _search(
         why = f"{strategy}: {said}" if said is not None else strategy
         if said is None and strategy == NO_MASK and conv.mask_unsupported:
             why = f"{strategy} the harness draws: {conv.mask_unsupported}"
-        return CheckResult(name, "properties", "n/a", reason=why, kind="ignored" if said is not None else None,
+        kind = "ignored" if said is not None else "beyond" if strategy.startswith(LAWS_ONLY) else None
+        return CheckResult(name, "properties", "n/a", reason=why, kind=kind,
                            seconds=time.perf_counter() - start,
                            details={"conventions": conventions}), None
     stats = _Stats()
@@ -417,6 +426,8 @@ def heatmap(target: Subject, ex: AttnExample, dtype: torch.dtype) -> dict[str, o
         got = weights_if_any(instance, ex.q, ex.k, ex.v, ex.mask)
     except (Exception, SystemExit):  # the target fails on this very example: show what it should have computed
         got = None
+    if got is None and instance.conventions.beyond:  # the formula's weights would not be the layer's
+        return {"source": f"none: the oracle does not model it ({instance.conventions.beyond})", "weights": []}
     if got is None:
         conv = instance.conventions
         got = multi_head(ex.q, ex.k, ex.v, instance.params(), instance.n_head, ex.mask, causal=conv.causal,

@@ -236,7 +236,7 @@ def _independence(law: _Law, kept: torch.Tensor, axis: int, what: str) -> None:
             f"{min(above, below):.2g} < {ALPHA:g})")
 
 
-@invariant("dropout_statistics", strategy=_examples, needs_dropout=True)
+@invariant("dropout_statistics", strategy=_examples, needs_dropout=True, needs_oracle=True)
 def dropout_statistics(bound: Instance, ex: AttnExample) -> Measure:
     """In training mode at dropout p = 0.3, weights are kept with probability 1 - p, scaled by 1 / (1 - p),
     independently across heads, batch items and calls, so the expected output is the eval output.

@@ -83,7 +83,7 @@ def _reference(ex: AttnExample, bound: Instance, dtype: torch.dtype, g: torch.Te
     return _grads(out, leaves + weights, g)
 
 
-@invariant("grad_agreement", reach="lengths", needs_grads=True)
+@invariant("grad_agreement", reach="lengths", needs_grads=True, needs_oracle=True)
 def grad_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """The target's gradients agree with the float64 oracle's autograd gradients.
 

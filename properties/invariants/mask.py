@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.engine.applicable import examples_for, fully_masked, keep_of
+from mha_verify.properties.engine.applicable import examples_for, fully_masked, keep_of, weights_beyond
 from mha_verify.properties.engine.call_path import weights_if_any
 from mha_verify.properties.engine.measure import (
     UNCHECKED,
@@ -41,7 +41,7 @@ def _with_mask(kinds: tuple[str, ...] = _MASKED_KINDS) -> StrategyFn:
 def _needs_weights(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
     if not conv.weights:
         return "the target does not return attention weights"
-    return _with_mask()(conv)
+    return weights_beyond(conv) or _with_mask()(conv)
 
 
 @invariant("mask_zeroes_weights", strategy=_needs_weights)
@@ -158,7 +158,7 @@ def _fully_masked_examples(conv: Conventions) -> st.SearchStrategy[AttnExample] 
                         kinds=("fully_masked_rows", "fully_masked_item"), need_mask=True)
 
 
-@invariant("fully_masked_rows", strategy=_fully_masked_examples, reach="full")
+@invariant("fully_masked_rows", strategy=_fully_masked_examples, reach="full", needs_oracle=True)
 def fully_masked_rows(bound: Instance, ex: AttnExample) -> Measure:
     """A query row whose keys are all masked gets zero weights: its output is w_o(0) = b_o.
 

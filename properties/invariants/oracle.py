@@ -26,7 +26,7 @@ from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.strategies.size_cases import sizes
 
 
-@invariant("oracle_agreement", reach="full")
+@invariant("oracle_agreement", reach="full", needs_oracle=True)
 def oracle_agreement(bound: Instance, ex: AttnExample) -> Measure:
     """The target agrees with the float64 formula evaluated with the target's own weights.
 
@@ -73,7 +73,7 @@ def _heads_to_check(n_head: int, seed: int) -> list[int]:
     return sorted({0, n_head - 1, *(int(i) for i in middle)})
 
 
-@invariant("head_split", strategy=_editable, reach="full")
+@invariant("head_split", strategy=_editable, reach="full", needs_oracle=True)
 def head_split(bound: Instance, ex: AttnExample) -> Measure:
     """Each head of the target computes head_i = Attention(q W_i^Q, k W_i^K, v W_i^V) with its own slices.
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from mha_verify.properties.engine.applicable import examples_for
 from mha_verify.properties.engine.measure import Measure, close, relation_allowed, worst
 from mha_verify.properties.engine.registry import invariant
-from mha_verify.properties.protocol import SELF_ONLY, Conventions, Instance
+from mha_verify.properties.protocol import LAWS_ONLY, SELF_ONLY, Conventions, Instance
 from mha_verify.properties.strategies.examples import AttnExample
 
 
@@ -24,8 +24,12 @@ def _positional(conv: Conventions) -> str:
     what = [w for w, on in (("rotary embeddings", scoring.rotary is not None),
                             ("position biases", scoring.bias is not None),
                             ("sliding windows", scoring.window is not None)) if on]
-    return (" and ".join(what) + " make the scores depend on positions: permuting them changes the output"
-            if what else "")
+    if what:
+        return " and ".join(what) + " make the scores depend on positions: permuting them changes the output"
+    if conv.beyond_positional:
+        return (f"{LAWS_ONLY}: it takes {conv.beyond}, a step beyond the attention the oracle models that depends "
+                "on positions: permuting them changes the output")
+    return ""
 
 
 def _positions(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:

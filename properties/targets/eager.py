@@ -118,6 +118,7 @@ class Bound:
     #: where a function the layer calls refuses autograd (:func:`grads_refused`), its words: the layer is
     #: then called under ``torch.no_grad()``
     grads_refused: str | None = None
+    _float64: Bound | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rebuild is None:
@@ -165,6 +166,15 @@ class Bound:
     def fresh(self) -> Bound:
         assert self.rebuild is not None
         return self.rebuild()
+
+    def in_float64(self) -> Bound:
+        """This instance computing in float64: a copy, its weights widened (kept for later calls).
+        A layer the oracle does not model is measured against it (``measure.relation_allowed``)."""
+        if self._float64 is None:
+            wide = copy.deepcopy(self.module).double()
+            self._float64 = Bound(wide, self.adapter, self.d_model, self.n_head, rebuild=lambda: self.in_float64(),
+                                  grads_refused=self.grads_refused)
+        return self._float64
 
 
 PROBE_SIZES = (8, 2)  # (d_model, n_head) where a target's conventions are read before a run
