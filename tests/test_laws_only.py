@@ -119,3 +119,13 @@ def test_a_float64_forward_through_float32_is_a_policy_without_the_oracle() -> N
 def test_steps_under_which_the_laws_do_not_hold_are_still_refused(spec: str, said: str) -> None:
     with pytest.raises(TargetError, match=said):
         load_target(spec).build(8, 2).conventions  # noqa: B018 (read for the refusal)
+
+
+def test_a_grid_layout_read_at_one_size_holds_where_no_probe_can_read_it() -> None:
+    # at C = 1 its LayerNorm gives its bias whatever the input: nothing moves, and the probe alone would
+    # call it batch-first on a 3-D input it asserts against (vit-pytorch's relative-bias layer failed so)
+    target = load_target(LAWS + "FeatureMapNormed")
+    assert target.build(1, 1).conventions.layout == target.build(8, 2).conventions.layout == "B1LD"
+    for law in ("batch_independence", "determinism"):
+        result = run_property(all_properties()[law], target, settings=QUICK, seed=0)
+        assert result.verdict == "pass" and result.examples >= 5, result

@@ -28,6 +28,10 @@ from torch import nn
 from mha_verify.properties.protocol import GRID_LAYOUTS
 
 _READ: weakref.WeakKeyDictionary[nn.Module, tuple[str, str]] = weakref.WeakKeyDictionary()
+#: a layout other than batch-first, read with evidence at some size, per class: at a size where the
+#: probe sees nothing move (D = 1 behind a LayerNorm, which gives its bias whatever the input) the
+#: class's layout is still what its code takes
+_BY_CLASS: weakref.WeakKeyDictionary[type, tuple[str, str]] = weakref.WeakKeyDictionary()
 
 
 def _changed(features: torch.Tensor) -> torch.Tensor:
@@ -134,6 +138,10 @@ def read_layout(module: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], 
     layout = ("seq_first", "sequence first (L, B, D), read by a probe: changing x[0, 1] moved only the outputs "
               "[:, 1]") if moved is not None and bool(moved[:, 1].any()) and not bool(
         moved[:, 0].any() or moved[:, 2].any()) and bool(moved[1].any()) else grid or ("batch_first", "")
+    if layout[0] != "batch_first":
+        _BY_CLASS[type(module)] = layout
+    elif moved is None and type(module) in _BY_CLASS:  # it takes no (A0, A1, D), and no probe read it here
+        layout = _BY_CLASS[type(module)]
     _READ[module] = layout
     return layout
 

@@ -289,9 +289,13 @@ def smoke_call(bound: Bound, spec: str) -> str | None:
         return None  # the adapter refuses this call (it is not an error of the layer's)
     except (Exception, SystemExit) as exc:
         first = (str(exc).strip().splitlines() or [""])[0][:300]
-        given = next((n for n in bound.conventions.notes if n.endswith("given None")), "")
-        raise TargetError(f"{spec}: one forward at (d_model={bound.d_model}, n_head={bound.n_head}) on q = k = v "
-                          f"of shape (2, 3, {bound.d_model}), no mask{f' ({given})' if given else ''}, raised "
+        conv = bound.conventions
+        given = next((n for n in conv.notes if n.endswith("given None")), "")
+        # a step beyond the oracle leads: often it is why the call fails (a relative table sized for a
+        # window, a 6-D window layout), and it is what the layer would be refused for
+        step = f" takes {conv.beyond}, a step beyond the attention the oracle models, and" if conv.beyond else ""
+        raise TargetError(f"{spec}:{step} one forward at (d_model={bound.d_model}, n_head={bound.n_head}) on q = k "
+                          f"= v of shape (2, 3, {bound.d_model}), no mask{f' ({given})' if given else ''}, raised "
                           f"{type(exc).__name__}: {first}; nothing can be checked") from None
     try:
         bound(x.requires_grad_(), x, x)
