@@ -27,6 +27,9 @@ from mha_verify.properties.adapters.signature import (
     read_signature,
 )
 
+#: the libraries whose conventions :data:`recognition.LIBRARY_FORMATS` knows
+KNOWN_LIBRARIES = frozenset(library for library, _ in recognition.LIBRARY_FORMATS)
+
 
 def library_of(module: nn.Module) -> str:
     """The library whose conventions the layer follows: that of the first class in its MRO from a

@@ -236,7 +236,7 @@ class StructuralAdapter(Adapter):
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
             mask_lengths=has_mask and fmt.layout == "LEN",
-            cross_attention=takes_kv and (not causal or causal == "bottom_right"),
+            cross_attention=takes_kv and not positional and (not causal or causal == "bottom_right"),
             kv_shared=shared and sig.key is None,
             weights=returns_weights(module),
             fully_masked=fully_masked,
@@ -273,6 +273,11 @@ class StructuralAdapter(Adapter):
                    *((f"forward's {', '.join(given_none(module))} (required, no role the harness reads) "
                       "given None",) if given_none(module) else ())),
         )
+        if takes_kv and positional:
+            # where its positional step places query i among Lk != Lq keys is its own convention, unread
+            found = dataclasses.replace(found, notes=(
+                *found.notes, "drawn as self-attention (q = k = v): its positional step of its own places queries "
+                              "among keys in a way the harness does not read"))
         io_layout, io_layout_how = self._layout(module)
         if io_layout in GRID_LAYOUTS and found.mask:  # where a mask goes in a 4-D layout is not read
             found = dataclasses.replace(found, mask=frozenset(), notes=(

@@ -29,6 +29,7 @@ from torch import nn
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters import construction
 from mha_verify.properties.adapters.base import Adapter
+from mha_verify.properties.adapters.library_facts import KNOWN_LIBRARIES, library_of
 from mha_verify.properties.adapters.registry import find_adapter
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
@@ -118,18 +119,26 @@ class Bound:
     #: where a function the layer calls refuses autograd (:func:`grads_refused`), its words: the layer is
     #: then called under ``torch.no_grad()``
     grads_refused: str | None = None
+    #: where the layer, of a library the harness has no facts about, raised on the mask as the harness
+    #: read its convention (:func:`mask_smoke`): it is then called without one, said in its conventions
+    mask_refused: str | None = None
     _float64: Bound | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.rebuild is None:
             pristine = copy.deepcopy(self.module)
-            refused = self.grads_refused
+            refused, mask_refused = self.grads_refused, self.mask_refused
             self.rebuild = lambda: Bound(copy.deepcopy(pristine), self.adapter, self.d_model, self.n_head,
-                                         grads_refused=refused)
+                                         grads_refused=refused, mask_refused=mask_refused)
 
     @property
     def conventions(self) -> Conventions:
         found = self.adapter.conventions(self.module)
+        if self.mask_refused is not None and found.mask:
+            found = dataclasses.replace(found, mask=frozenset(), mask_unsupported=(
+                f"it raised on an all-keep mask as the harness read its convention ({self.mask_refused}): called "
+                "without one"), notes=(*found.notes, f"called without a mask: it raised on an all-keep mask as the "
+                                                     f"harness read its convention ({self.mask_refused})"))
         if self.grads_refused is None:
             return found
         return dataclasses.replace(found, grads=False, grads_refused=self.grads_refused, notes=(
@@ -173,7 +182,7 @@ class Bound:
         if self._float64 is None:
             wide = copy.deepcopy(self.module).double()
             self._float64 = Bound(wide, self.adapter, self.d_model, self.n_head, rebuild=lambda: self.in_float64(),
-                                  grads_refused=self.grads_refused)
+                                  grads_refused=self.grads_refused, mask_refused=self.mask_refused)
         return self._float64
 
 
@@ -201,6 +210,8 @@ class Target:
     plan: construction.Construction | None = field(default=None, repr=False, compare=False)
     #: where a function the layer calls refuses autograd, its words (:func:`smoke_call`)
     grads_refused: str | None = None
+    #: where the layer raised on a mask as its convention was read, its words (:func:`mask_smoke`)
+    mask_refused: str | None = None
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -259,7 +270,7 @@ class Target:
         except ValueError as exc:
             raise TargetError(str(exc)) from None
         return Bound(module, adapter, d_model, n_head, lambda: self.build(d_model, n_head, seed=seed, dtype=dtype),
-                     grads_refused=self.grads_refused)
+                     grads_refused=self.grads_refused, mask_refused=self.mask_refused)
 
 
 # a function that says it takes no gradients (FlexAttention on the CPU: "does not support backward on CPU";
@@ -331,7 +342,43 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
     except ValueError as exc:
         raise TargetError(str(exc)) from None
     target.grads_refused = smoke_call(bound, spec)
+    target.mask_refused = mask_smoke(bound)
     return target
+
+
+#: an all-keep mask of each form (B = 2, H = 2 at most, Lq = Lk = 3), as the strategies draw them
+_KEEP_SHAPES = {"B1LL": (2, 1, 3, 3), "11LL": (1, 1, 3, 3), "LL": (3, 3), "BHLL": (2, 0, 3, 3), "B11L": (2, 1, 1, 3)}
+
+
+def mask_smoke(bound: Bound) -> str | None:
+    """One forward with an all-keep mask in the convention the harness read, for a layer of a library it
+    has no facts about: where that call raises and the call without a mask did not (:func:`smoke_call`),
+    the reading is what is wrong far more often than the layer (perceiver's experimental linear attention
+    fills ``k`` at a (B * H, N, 1) mask), so the layer is called without one and the mask properties are n/a
+    with the error said. A layer of a library the harness knows is called with the mask its models pass:
+    there the same error is the layer's, for the properties to find. None where the call runs."""
+    conv = bound.conventions
+    declared = dict(getattr(bound.module, "mha_verify_conventions", None) or {})
+    ours = any(cls.__module__.startswith("mha_verify.") for cls in type(bound.module).__mro__)
+    if not conv.mask or conv.mask_lengths or library_of(bound.module) in KNOWN_LIBRARIES or ours \
+            or {"mask", "mask_forms"} & set(declared):  # a convention stated, not read: held to it
+        return None
+    form = next(f for f in _KEEP_SHAPES if f in conv.mask_forms)
+    shape = tuple(bound.n_head if n == 0 else n for n in _KEEP_SHAPES[form])
+    mask = torch.ones(shape, dtype=torch.bool) if "bool" in conv.mask else torch.zeros(shape)
+    x = torch.randn(2, 3, bound.d_model, generator=torch.Generator().manual_seed(0))
+    x = x.to(next((p.dtype for p in bound.module.parameters() if p.is_floating_point()), torch.float32))
+    if "bool" not in conv.mask:
+        mask = mask.to(x.dtype)
+    try:
+        with torch.no_grad():
+            bound(x, x, x, mask)
+    except NotApplicable:
+        return None
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        return f"{type(exc).__name__}: {first}"
+    return None
 
 
 def load_weights(bound: Bound, path: str | os.PathLike[str], dtype: torch.dtype) -> None:
