@@ -129,3 +129,26 @@ def test_a_grid_layout_read_at_one_size_holds_where_no_probe_can_read_it() -> No
     for law in ("batch_independence", "determinism"):
         result = run_property(all_properties()[law], target, settings=QUICK, seed=0)
         assert result.verdict == "pass" and result.examples >= 5, result
+
+
+def test_a_convolution_over_positions_is_refused_by_name() -> None:
+    with pytest.raises(TargetError, match=r"ShortConvolved takes a convolution over positions \(conv1d: Conv1d\)"):
+        load_target(LAWS + "ShortConvolved").build(8, 2).conventions  # noqa: B018 (read for the refusal)
+
+
+def test_mask_forms_the_layer_raises_on_as_read_are_not_drawn_and_said() -> None:
+    target = load_target(LAWS + "TokenMasked")
+    assert target.mask_refused is not None
+    kinds, forms, error = target.mask_refused
+    assert (kinds, forms) == ({"bool"}, {"B11L"}) and error.startswith("bool B1LL: RuntimeError"), target.mask_refused
+    conv = target.build(8, 2).conventions
+    assert conv.mask == {"bool"} and conv.mask_forms == {"B11L"}
+    assert "masks drawn as bool B11L only" in conv.describe()
+    for law in ("masked_kv_invariance", "batch_independence"):
+        result = _run(LAWS + "TokenMasked", law)
+        assert result.verdict == "pass" and result.examples >= 5, result
+
+
+def test_a_layer_raising_on_every_mask_form_is_called_without_one() -> None:
+    conv = load_target(LAWS + "EveryMaskRaises").build(8, 2).conventions
+    assert not conv.mask and conv.mask_unsupported is not None and "called without one" in conv.mask_unsupported

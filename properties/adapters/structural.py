@@ -85,7 +85,7 @@ from mha_verify.properties.adapters.library_facts import (
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
-from mha_verify.properties.adapters.unmodelled import describe_steps, residual
+from mha_verify.properties.adapters.unmodelled import BEYOND, convolutions_over_positions, describe_steps, residual
 from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, NotApplicable
 
 #: a forward (or processor) that joins the context to the input as one sequence: joint attention
@@ -163,8 +163,13 @@ class StructuralAdapter(Adapter):
         pre = input_norms(module, forward_sources(module)[0][1], sig.input, sig.context) \
             if sig.key is None else None  # a pre-norm of the layer's input (and its context)
         pre_norm, context_norm = (None, None) if pre is None else (pre.norm, pre.context_norm)
-        extra = [name for name in self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm),
+        every = [name for name in self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm),
                                                    position_bias) if name not in learned]  # named above
+        convolved = convolutions_over_positions(module, every)
+        if convolved:  # a masked position leaks into its neighbours through it: not even the mask laws hold
+            raise ValueError(f"{type(module).__name__} takes a convolution over positions ({', '.join(convolved)}), "
+                             f"{BEYOND} (a masked position reaches its neighbours through it)")
+        extra = every[:4]
         if extra:  # nGPT's learned query scale, a gate (Dory), talking heads, a relative-position table
             try:
                 heads: int | None = n_head_of(module)
@@ -302,14 +307,14 @@ class StructuralAdapter(Adapter):
 
     def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None) -> list[str]:
         """The names of ``module``'s parameters that neither the projections, the QK-norm nor the
-        position-bias table account for (at most four)."""
+        position-bias table account for."""
         used = self.sources(module)
         used += [t for n in norms if n is not None for t in (n.weight, n.bias) if t is not None]
         table = getattr(module, "relative_attention_bias", None)
         if bias is not None and isinstance(table, nn.Module):
             used += list(table.parameters())
         known = {id(t if t._base is None else t._base) for t in used}
-        return [name for name, p in module.named_parameters() if id(p) not in known][:4]
+        return [name for name, p in module.named_parameters() if id(p) not in known]
 
     def sources(self, module: nn.Module) -> list[torch.Tensor]:
         """The layer's own tensors that :meth:`params` reads (views of them, or copies for a fused layout)."""

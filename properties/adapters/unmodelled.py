@@ -70,6 +70,20 @@ def describe_step(module: nn.Module, name: str, param: torch.Tensor, heads: int 
 _POSITION_FREE = ("mixing across heads", "a gate", "a learned key and value", "a normalization")
 
 
+def convolutions_over_positions(module: nn.Module, names: list[str]) -> list[str]:
+    """The convolutions among the owners of parameters ``names`` that reach across positions (a kernel
+    wider than 1: a short convolution before a linear or delta-rule attention, ConvBERT's span
+    convolution, Nystromformer's over its values), each as ``path: Conv1d``; a 1x1 convolution (talking
+    heads' mixing) reaches none."""
+    found: dict[str, str] = {}
+    for name in names:
+        path = name.rpartition(".")[0]
+        owner = _owner(module, name)
+        if isinstance(owner, nn.modules.conv._ConvNd) and any(k > 1 for k in owner.kernel_size):
+            found.setdefault(path, f"{path}: {type(owner).__name__}")
+    return list(found.values())
+
+
 def describe_steps(module: nn.Module, names: list[str], heads: int | None) -> tuple[str, bool]:
     """The steps of ``names`` in words, one per step (a norm's weight and bias are one step), and
     whether any may depend on positions (a relative table, Transformer-XL's biases, a parameter not

@@ -119,9 +119,10 @@ class Bound:
     #: where a function the layer calls refuses autograd (:func:`grads_refused`), its words: the layer is
     #: then called under ``torch.no_grad()``
     grads_refused: str | None = None
-    #: where the layer, of a library the harness has no facts about, raised on the mask as the harness
-    #: read its convention (:func:`mask_smoke`): it is then called without one, said in its conventions
-    mask_refused: str | None = None
+    #: where the layer, of a library the harness has no facts about, raised on masks of some forms as the
+    #: harness read its convention (:func:`mask_smoke`): (the forms it took, the first error); it is then
+    #: given those only, or none, said in its conventions
+    mask_refused: tuple[frozenset[str], str] | None = None
     _float64: Bound | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -135,10 +136,13 @@ class Bound:
     def conventions(self) -> Conventions:
         found = self.adapter.conventions(self.module)
         if self.mask_refused is not None and found.mask:
-            found = dataclasses.replace(found, mask=frozenset(), mask_unsupported=(
-                f"it raised on an all-keep mask as the harness read its convention ({self.mask_refused}): called "
-                "without one"), notes=(*found.notes, f"called without a mask: it raised on an all-keep mask as the "
-                                                     f"harness read its convention ({self.mask_refused})"))
+            kinds, forms, error = self.mask_refused
+            said = f"it raised on an all-keep mask of a form the harness read ({error})"
+            drawn = f"masks drawn as {'/'.join(sorted(kinds))} {', '.join(sorted(forms))} only"
+            found = dataclasses.replace(found, mask=kinds, mask_forms=forms or found.mask_forms,
+                                        mask_unsupported=None if kinds else f"{said}: called without one",
+                                        notes=(*found.notes, f"{said}: {drawn}" if kinds
+                                               else f"{said}: called without a mask"))
         if self.grads_refused is None:
             return found
         return dataclasses.replace(found, grads=False, grads_refused=self.grads_refused, notes=(
@@ -210,8 +214,8 @@ class Target:
     plan: construction.Construction | None = field(default=None, repr=False, compare=False)
     #: where a function the layer calls refuses autograd, its words (:func:`smoke_call`)
     grads_refused: str | None = None
-    #: where the layer raised on a mask as its convention was read, its words (:func:`mask_smoke`)
-    mask_refused: str | None = None
+    #: the mask types and forms the layer took where it raised on others as read (:func:`mask_smoke`)
+    mask_refused: tuple[frozenset[str], frozenset[str], str] | None = None
 
     #: built modules kept, untouched, to be copied when the same (d_model, n_head, seed, dtype)
     #: comes again (Hypothesis repeats sizes and seeds while it mutates and shrinks, and
@@ -350,35 +354,43 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
 _KEEP_SHAPES = {"B1LL": (2, 1, 3, 3), "11LL": (1, 1, 3, 3), "LL": (3, 3), "BHLL": (2, 0, 3, 3), "B11L": (2, 1, 1, 3)}
 
 
-def mask_smoke(bound: Bound) -> str | None:
-    """One forward with an all-keep mask in the convention the harness read, for a layer of a library it
-    has no facts about: where that call raises and the call without a mask did not (:func:`smoke_call`),
-    the reading is what is wrong far more often than the layer (perceiver's experimental linear attention
-    fills ``k`` at a (B * H, N, 1) mask), so the layer is called without one and the mask properties are n/a
-    with the error said. A layer of a library the harness knows is called with the mask its models pass:
-    there the same error is the layer's, for the properties to find. None where the call runs."""
+def mask_smoke(bound: Bound) -> tuple[frozenset[str], frozenset[str], str] | None:
+    """One forward with an all-keep mask of each form the harness would draw, in the convention it read,
+    for a layer of a library it has no facts about: where some forms raise and the call without a mask did
+    not (:func:`smoke_call`), the reading is what is wrong far more often than the layer (conformer's token
+    mask (B, N), perceiver's experimental (B * H, N, 1)): (the forms it took, the first error), and the
+    harness draws only those, or no mask at all, said in its conventions. A layer of a library the harness
+    knows is called with the mask its models pass, and one declaring its mask is held to its declaration:
+    there the same error is the layer's, for the properties to find. None where every form runs."""
     conv = bound.conventions
     declared = dict(getattr(bound.module, "mha_verify_conventions", None) or {})
     ours = any(cls.__module__.startswith("mha_verify.") for cls in type(bound.module).__mro__)
     if not conv.mask or conv.mask_lengths or library_of(bound.module) in KNOWN_LIBRARIES or ours \
             or {"mask", "mask_forms"} & set(declared):  # a convention stated, not read: held to it
         return None
-    form = next(f for f in _KEEP_SHAPES if f in conv.mask_forms)
-    shape = tuple(bound.n_head if n == 0 else n for n in _KEEP_SHAPES[form])
-    mask = torch.ones(shape, dtype=torch.bool) if "bool" in conv.mask else torch.zeros(shape)
     x = torch.randn(2, 3, bound.d_model, generator=torch.Generator().manual_seed(0))
     x = x.to(next((p.dtype for p in bound.module.parameters() if p.is_floating_point()), torch.float32))
-    if "bool" not in conv.mask:
-        mask = mask.to(x.dtype)
-    try:
-        with torch.no_grad():
-            bound(x, x, x, mask)
-    except NotApplicable:
+    ran: dict[tuple[str, str], bool] = {}
+    first = ""
+    for kind in sorted(conv.mask):
+        for form in (f for f in _KEEP_SHAPES if f in conv.mask_forms):
+            shape = tuple(bound.n_head if n == 0 else n for n in _KEEP_SHAPES[form])
+            mask = torch.ones(shape, dtype=torch.bool) if kind == "bool" else torch.zeros(shape, dtype=x.dtype)
+            try:
+                with torch.no_grad():
+                    bound(x, x, x, mask)
+                ran[kind, form] = True
+            except NotApplicable:
+                ran[kind, form] = True
+            except Exception as exc:
+                ran[kind, form] = False
+                first = first or (f"{kind} {form}: {type(exc).__name__}: "
+                                  f"{(str(exc).strip().splitlines() or [''])[0][:160]}")
+    if not first:
         return None
-    except Exception as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        return f"{type(exc).__name__}: {first}"
-    return None
+    kinds = frozenset(k for k in conv.mask if any(ran.get((k, f)) for f in _KEEP_SHAPES))
+    forms = frozenset(f for f in _KEEP_SHAPES if kinds and all(ran.get((k, f)) for k in kinds))
+    return (kinds if forms else frozenset()), forms, first
 
 
 def load_weights(bound: Bound, path: str | os.PathLike[str], dtype: torch.dtype) -> None:
