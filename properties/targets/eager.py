@@ -120,7 +120,7 @@ class Bound:
     #: then called under ``torch.no_grad()``
     grads_refused: str | None = None
     #: where the layer, of a library the harness has no facts about, raised on masks of some forms as the
-    #: harness read its convention (:func:`mask_smoke`): (the forms it took, the first error); it is then
+    #: harness read its convention (:func:`mask_smoke`): (the types and forms it took, the first error); it is then
     #: given those only, or none, said in its conventions
     mask_refused: tuple[frozenset[str], frozenset[str], str] | None = None
     _float64: Bound | None = field(default=None, repr=False, compare=False)
