@@ -70,6 +70,7 @@ from mha_verify.properties.adapters.layer_attrs import (
 )
 from mha_verify.properties.adapters.layout_probe import from_layer, read_layout, to_layer
 from mha_verify.properties.adapters.library_facts import (
+    KNOWN_LIBRARIES,
     LAWFUL_OPERATORS,
     always_masked,
     argument_ignored,
@@ -186,6 +187,13 @@ class StructuralAdapter(Adapter):
             if own:  # labml's query_rotary_pe: a rotation the oracle does not read
                 beyond.append(own)
                 positional = True
+        if beyond and library_of(module) in KNOWN_LIBRARIES:
+            # its models call it with what the harness does not supply (dynamic masks, relative embeddings, a
+            # cache's positions): laws-only there was measured to fail falsely (WavLM's key padding, Doge's
+            # dynamic mask), so such a layer stays refused, naming the step
+            raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
+                             f"{', '.join(beyond)}, so it cannot be verified yet (in {library_of(module)}, a layer "
+                             "taking such a step is refused rather than held by the laws alone)")
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
         if fully_masked == "uniform" and causal and own_causal_mask(module):
