@@ -189,8 +189,8 @@ class StructuralAdapter(Adapter):
                 positional = True
         if beyond and library_of(module) in KNOWN_LIBRARIES:
             # its models call it with what the harness does not supply (dynamic masks, relative embeddings, a
-            # cache's positions): laws-only there was measured to fail falsely (WavLM's key padding, Doge's
-            # dynamic mask), so such a layer stays refused, naming the step
+            # cache's positions): held by the laws alone, 3 of 26 transformers classes failed through such calls
+            # (WavLM's key padding, Doge's dynamic mask), not triaged; such a layer stays refused, naming the step
             raise ValueError(f"{type(module).__name__} takes a step beyond the attention the oracle models: "
                              f"{', '.join(beyond)}, so it cannot be verified yet (in {library_of(module)}, a layer "
                              "taking such a step is refused rather than held by the laws alone)")
