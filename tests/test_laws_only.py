@@ -152,3 +152,10 @@ def test_mask_forms_the_layer_raises_on_as_read_are_not_drawn_and_said() -> None
 def test_a_layer_raising_on_every_mask_form_is_called_without_one() -> None:
     conv = load_target(LAWS + "EveryMaskRaises").build(8, 2).conventions
     assert not conv.mask and conv.mask_unsupported is not None and "called without one" in conv.mask_unsupported
+
+
+def test_a_rotary_of_its_own_is_drawn_at_even_head_widths_only() -> None:
+    conv = load_target(LAWS + "OwnRotary").build(8, 2).conventions
+    assert conv.beyond_positional and conv.head_dim_multiple == 2 and "head widths a multiple of 2" in conv.describe()
+    result = _run(LAWS + "OwnRotary", "batch_independence")
+    assert result.verdict == "pass" and result.examples >= 5, result

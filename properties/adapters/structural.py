@@ -182,11 +182,10 @@ class StructuralAdapter(Adapter):
         kept = residual(forward_sources(module)[0][1], sig.input)
         if kept:  # labml's retro attention adds its input back: x + attention(x)
             beyond.append(f"its input added back to its output (a residual: `{kept}`)")
-        if not sig.rotary:
-            own = _own_positional(module)
-            if own:  # labml's query_rotary_pe: a rotation the oracle does not read
-                beyond.append(own)
-                positional = True
+        own = "" if sig.rotary else _own_positional(module)
+        if own:  # labml's query_rotary_pe: a rotation the oracle does not read
+            beyond.append(own)
+            positional = True
         if beyond and library_of(module) in KNOWN_LIBRARIES:
             # its models call it with what the harness does not supply (dynamic masks, relative embeddings, a
             # cache's positions): held by the laws alone, 3 of 26 transformers classes failed through such calls
@@ -264,7 +263,9 @@ class StructuralAdapter(Adapter):
             rotary=rotary,
             # its rotary code still runs, on pairs of columns (LightGlue's stacks x[..., ::2] with
             # x[..., 1::2]): where the rotation is by 0, head widths stay even
-            head_dim_multiple=2 if sig.rotary and rotary is None else 1,
+            # a rotary of its own rotates pairs of columns too: RoPE has no odd head width (labml's retro
+            # rotary at Hd = 3 raised on every call)
+            head_dim_multiple=2 if (sig.rotary and rotary is None) or own else 1,
             beyond=", ".join(beyond) or None,
             beyond_positional=positional,
             q_norm=q_norm,
