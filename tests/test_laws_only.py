@@ -140,10 +140,11 @@ def test_mask_forms_the_layer_raises_on_as_read_are_not_drawn_and_said() -> None
     target = load_target(LAWS + "TokenMasked")
     assert target.mask_refused is not None
     kinds, forms, error = target.mask_refused
-    assert (kinds, forms) == ({"bool"}, {"B11L"}) and error.startswith("bool B1LL: RuntimeError"), target.mask_refused
+    assert (kinds, forms) == ({"bool", "float"}, {"B11L"}) and error.startswith("bool B1LL: RuntimeError"), \
+        target.mask_refused
     conv = target.build(8, 2).conventions
-    assert conv.mask == {"bool"} and conv.mask_forms == {"B11L"}
-    assert "masks drawn as bool B11L only" in conv.describe()
+    assert conv.mask == {"bool", "float"} and conv.mask_forms == {"B11L"}
+    assert "masks drawn as bool/float B11L only" in conv.describe()
     for law in ("masked_kv_invariance", "batch_independence"):
         result = _run(LAWS + "TokenMasked", law)
         assert result.verdict == "pass" and result.examples >= 5, result

@@ -82,7 +82,7 @@ def examples_for(
     ``need_mask`` properties (about removed keys) get masks that remove keys, and so do those
     that ask for no ``large_negatives`` (finite differences cannot resolve a score of 1e9);
     a target of fixed sizes or dtype gets only those. Targets that declare something other
-    than zeros on fully masked rows get examples without such rows (the
+    than zeros on fully masked rows, and those held by the laws alone, get examples without such rows (the
     ``fully_masked_rows`` property checks their declaration separately). ``layouts=False``: fresh
     contiguous tensors only (otherwise a third come as views callers produce, :data:`LAYOUTS`).
     """
@@ -132,6 +132,8 @@ def examples_for(
         strategy = strategy.map(lambda ex: ex._replace(k=ex.q, v=ex.q))
     elif conv.kv_shared:  # one argument for keys and values: k = v, still distinct from q
         strategy = strategy.map(lambda ex: ex._replace(v=ex.k))
-    if conv.fully_masked != "zeros":
+    if conv.fully_masked != "zeros" or conv.beyond:
+        # a layer held by the laws alone: what its fully masked rows give is not held (its step may
+        # attend a sink or a learned key there), and NaN there would read as a broken law
         strategy = strategy.filter(lambda ex: not bool(fully_masked(ex, conv.causal).any()))
     return strategy

@@ -355,11 +355,12 @@ _KEEP_SHAPES = {"B1LL": (2, 1, 3, 3), "11LL": (1, 1, 3, 3), "LL": (3, 3), "BHLL"
 
 
 def mask_smoke(bound: Bound) -> tuple[frozenset[str], frozenset[str], str] | None:
-    """One forward with an all-keep mask of each form the harness would draw, in the convention it read,
-    for a layer of a library it has no facts about: where some forms raise and the call without a mask did
-    not (:func:`smoke_call`), the reading is what is wrong far more often than the layer (conformer's token
-    mask (B, N), perceiver's experimental (B * H, N, 1)): (the forms it took, the first error), and the
-    harness draws only those, or no mask at all, said in its conventions. A layer of a library the harness
+    """One forward with an all-keep mask of each form and type the harness would draw, in the convention it
+    read, for a layer of a library it has no facts about: where a form raises with every type and the call
+    without a mask did not (:func:`smoke_call`), the reading of its shape is what is wrong far more often
+    than the layer (conformer's token mask (B, N), perceiver's experimental (B * H, N, 1)): (the types,
+    the forms it took, the first error), and the harness draws only those forms, or no mask at all, said in
+    its conventions. A layer of a library the harness
     knows is called with the mask its models pass, and one declaring its mask is held to its declaration:
     there the same error is the layer's, for the properties to find. None where every form runs."""
     conv = bound.conventions
@@ -386,11 +387,12 @@ def mask_smoke(bound: Bound) -> tuple[frozenset[str], frozenset[str], str] | Non
                 ran[kind, form] = False
                 first = first or (f"{kind} {form}: {type(exc).__name__}: "
                                   f"{(str(exc).strip().splitlines() or [''])[0][:160]}")
-    if not first:
+    # a form is dropped where every type raised on it: a type that raises where another runs is the
+    # layer's (a float mask handed to masked_fill), for the properties to find
+    forms = frozenset(f for f in _KEEP_SHAPES if any(ran.get((k, f)) for k in conv.mask))
+    if forms == frozenset(f for f in _KEEP_SHAPES if f in conv.mask_forms):
         return None
-    kinds = frozenset(k for k in conv.mask if any(ran.get((k, f)) for f in _KEEP_SHAPES))
-    forms = frozenset(f for f in _KEEP_SHAPES if kinds and all(ran.get((k, f)) for k in kinds))
-    return (kinds if forms else frozenset()), forms, first
+    return (conv.mask if forms else frozenset()), forms, first
 
 
 def load_weights(bound: Bound, path: str | os.PathLike[str], dtype: torch.dtype) -> None:
