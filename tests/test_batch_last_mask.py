@@ -52,13 +52,15 @@ def test_a_length_one_axis_broadcast_by_einsum_is_inherited_and_a_truncation_sti
     assert result.verdict == "fail", result
 
 
-def test_a_rotary_child_the_oracle_does_not_read_is_refused_by_name() -> None:
+def test_a_rotary_child_the_oracle_does_not_read_is_named_and_held_by_the_laws() -> None:
     """labml's rotary subclasses rotate through parameter-free children: judged as plain attention they
-    failed every property; refused at load, naming the children."""
-    import pytest
-
-    from mha_verify.properties.protocol import TargetError
-
-    with pytest.raises(TargetError, match=r"a rotary or positional embedding of its own \(query_rotary_pe: "
-                                          r"RotaryPositions, key_rotary_pe: RotaryPositions\)"):
-        load_target(FIXTURE + "BatchLastRotary").build(8, 2).conventions  # noqa: B018
+    failed every property; the children are named, and the layer is held by the laws alone."""
+    conv = load_target(FIXTURE + "BatchLastRotary").build(8, 2).conventions
+    assert conv.beyond == ("a rotary or positional embedding of its own (query_rotary_pe: RotaryPositions, "
+                           "key_rotary_pe: RotaryPositions)") and conv.beyond_positional, conv.beyond
+    result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + "BatchLastRotary"),
+                          settings=PROFILES["quick"], seed=0)
+    assert (result.verdict, result.kind) == ("n/a", "beyond"), result
+    result = run_property(all_properties()["masked_kv_invariance"], load_target(FIXTURE + "BatchLastRotary"),
+                          settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples >= 5, result
