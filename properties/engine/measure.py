@@ -80,24 +80,26 @@ def oracle(bound: Instance, ex: AttnExample, q: torch.Tensor | None = None, k: t
     return ref, ref_w, same
 
 
-def relation_allowed(bound: Instance, ex: AttnExample) -> float:
+def relation_allowed(bound: Instance, ex: AttnExample, item: int | None = None) -> float:
     """Tolerance for a relation between two outputs of the target (e.g. permuted vs not).
 
     Each side may stray from the oracle by the derived tolerance, so their difference may be
     up to twice that. Derived from the outputs where the oracle is finite: a target declaring NaN
     on fully masked rows has NaN oracle rows there, and a NaN allowance would pass everything
     (``error > nan`` is False). Where the same-precision formula itself overflows, the allowance
-    is not finite, and the comparisons treat the example as unchecked.
+    is not finite, and the comparisons treat the example as unchecked. ``item``: for a layer held by the
+    laws alone, the allowance measured on that batch item's rows of the call on ``ex`` (the other side of a
+    relation with the item computed alone); the oracle's allowance is the example's as a whole.
     """
     if bound.conventions.beyond:
-        return _own_allowed(bound, ex)
+        return _own_allowed(bound, ex, item)
     ref, _, same = oracle(bound, ex)
     finite = torch.isfinite(ref)
     c = compare(same[finite], ref[finite], same[finite], ex.q.dtype)
     return 2.0 * tolerance_for(ex.q.dtype).allowed(c.ref_error, c.scale)
 
 
-def _own_allowed(bound: Instance, ex: AttnExample) -> float:
+def _own_allowed(bound: Instance, ex: AttnExample, item: int | None = None) -> float:
     """The relation tolerance of a layer the oracle does not model (``Conventions.beyond``): the
     same rule, with the layer as its own same-precision reference. Its output is held against its
     own float64 forward (the same weights widened): that distance is its rounding, as the
@@ -114,6 +116,8 @@ def _own_allowed(bound: Instance, ex: AttnExample) -> float:
     with torch.no_grad():
         same = bound(ex.q, ex.k, ex.v, ex.mask).detach()
         ref = wide(q, k, v, mask).detach()
+    if item is not None:
+        same, ref = same[item:item + 1], ref[item:item + 1]
     finite = torch.isfinite(ref) & torch.isfinite(same)
     c = compare(same[finite], ref[finite], same[finite], ex.q.dtype)
     return 2.0 * tolerance_for(ex.q.dtype).allowed(c.ref_error, c.scale)
