@@ -4,7 +4,10 @@ A class is an attention class when its name ends in ``Attention`` (``LlamaAttent
 ``CLIPAttention``, diffusers' ``Attention``, ``T5LayerSelfAttention``): the libraries' own
 naming, and the name a user reaches for. Wrappers that add a residual or a norm around the
 attention (``T5LayerSelfAttention``, ``BertAttention``) are found too: whether they satisfy the
-attention contract is for the gate to say, and the table says what each one is.
+attention contract is for the gate to say, and the table says what each one is. A class named
+otherwise is one when its own ``forward`` computes attention where it can be read: it calls
+``scaled_dot_product_attention``, or a softmax and a product of tensors (``@``, ``matmul``,
+``einsum``, ``bmm``) — MONAI's ``SABlock`` and ``CrossAttentionBlock``, named for blocks.
 
 Reading the files with ``ast`` runs none of the library's code: the enumeration cannot hang,
 crash or import what the machine lacks; the build stage meets that, one class at a time.
@@ -60,8 +63,41 @@ def find_classes(library: str) -> list[Found]:
             continue  # a file Python could not import either: it holds no class we could build
         module = ".".join((library, *path.relative_to(root).with_suffix("").parts))
         found += [Found(f"{module}:{node.name}", str(path)) for node in tree.body
-                  if isinstance(node, ast.ClassDef) and node.name.endswith(SUFFIX)]
+                  if isinstance(node, ast.ClassDef) and (node.name.endswith(SUFFIX) or computes_attention(node))]
     return found
 
 
-__all__ = ["LIBRARY_FILES", "Found", "find_classes", "package_root"]
+#: how forwards name the query, the key and the value
+_OPERANDS = (frozenset({"q", "query", "queries"}), frozenset({"k", "key", "keys"}), frozenset({"v", "value", "values"}))
+#: calls that multiply tensors, by the last part of their name (``torch.einsum``, ``q.matmul``)
+_PRODUCTS = frozenset({"matmul", "einsum", "bmm", "baddbmm"})
+
+
+def _called(node: ast.AST) -> str:
+    """The last part of a call's name: ``softmax`` for ``F.softmax(...)`` and ``x.softmax(...)``."""
+    if not isinstance(node, ast.Call):
+        return ""
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+def computes_attention(node: ast.ClassDef) -> bool:
+    """Whether the class's own ``forward`` computes attention: it calls
+    ``scaled_dot_product_attention``, or calls a softmax and multiplies tensors. A block that
+    hands its input to an attention child computes none in its own forward, and is not found."""
+    forwards = [f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "forward"]
+    if not forwards:
+        return False
+    nodes = list(ast.walk(forwards[0]))
+    called = {_called(n) for n in nodes}
+    if "scaled_dot_product_attention" in called:
+        return True
+    multiplies = bool(called & _PRODUCTS) or any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult)
+                                                 for n in nodes)
+    # a softmax-weighted product is also a router, a pooling, a CRF: attention names its operands
+    names = {n.id for n in nodes if isinstance(n, ast.Name)} | {n.arg for n in nodes if isinstance(n, ast.arg)}
+    roles = sum(bool(names & spelled) for spelled in _OPERANDS)
+    return "softmax" in called and multiplies and ("qkv" in names or roles >= 2)
+
+
+__all__ = ["LIBRARY_FILES", "Found", "computes_attention", "find_classes", "package_root"]

@@ -191,7 +191,14 @@ def _fit(layers: list[Layer], heads: int) -> Reading | None:
         layers = [*(layer for i, layer in enumerate(layers) if i != outs[0]), layers[outs[0]]]
     # an identity last: no output projection, the heads concatenated are the output (of the input's width)
     identity = bool(layers) and isinstance(layers[-1][1], nn.Identity)
-    if not 2 <= len(layers) <= 4 or any(isinstance(layer, nn.Identity) for _, layer in layers[:-1]):
+    if any(isinstance(layer, nn.Identity) for _, layer in layers[:-1]):
+        # MONAI's SABlock names a fused qkv and, for its other branch, to_q, to_k, to_v set to
+        # nn.Identity: those are no projection where the fused one carries all three; an identity
+        # in place of one projection alone would be misread as another layout, so only qkv is taken
+        kept = [(where, layer) for where, layer in layers[:-1] if not isinstance(layer, nn.Identity)]
+        reading = _fit([*kept, layers[-1]], heads) if len(kept) == 1 else None
+        return reading if reading is not None and reading.layout == "qkv" else None
+    if not 2 <= len(layers) <= 4:
         return None
     shapes = [_shape(layer) for _, layer in (layers[:-1] if identity else layers)]
     d = shapes[0][1]

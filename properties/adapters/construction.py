@@ -8,7 +8,8 @@ layer index) and ``config``; the tables are data, so that a library's spelling i
   ``LlamaAttention(config=LlamaConfig, layer_idx=0)``;
 * otherwise positionally, ``Attr(d_model, n_head)``, the documented default.
 
-A parameter named ``config`` (``cfg``, ``args``) gets the layer's library's own config class:
+A parameter named ``config`` (``cfg``, ``args``) gets the layer's library's own config class
+(a transformers or diffusers config, or a dataclass named ``*Config``):
 its annotation (``LlamaConfig``, ``CLIPVisionConfig | CLIPTextConfig``: the first that builds),
 else a config class the layer's module holds, the one sharing the longest prefix with the
 layer's name first. The config is built with its defaults and the sizes set afterwards, on the
@@ -22,6 +23,7 @@ by name in the layer's module, never evaluated.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import types
@@ -35,7 +37,7 @@ from torch import nn
 #: a constructor parameter's name -> the size it is given
 PARAMETER_ROLES: dict[str, str] = {
     **dict.fromkeys(("d_model", "embed_dim", "hidden_size", "dim", "query_dim", "n_embd", "embed_size",
-                     "model_dim", "hidden_dim", "n_state"), "d_model"),
+                     "model_dim", "hidden_dim", "n_state", "emb_size"), "d_model"),
     **dict.fromkeys(("n_head", "num_heads", "heads", "n_heads", "num_attention_heads", "nhead",
                      "attention_heads"), "n_head"),
     **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size", "d_k"), "head_dim"),
@@ -53,8 +55,12 @@ PARAMETER_ROLES: dict[str, str] = {
 REQUIRED_ROLES: dict[str, str] = {
     **dict.fromkeys(("is_causal", "causal"), "false"),
     "bias": "true",
-    **dict.fromkeys(("dropout", "dropout_prob", "dropout_rate", "attn_dropout", "attention_dropout"), "zero"),
+    **dict.fromkeys(("dropout", "dropout_prob", "dropout_rate", "attn_dropout", "attention_dropout", "att_drop",
+                     "proj_drop", "attn_drop"), "zero"),
     **dict.fromkeys(("d_cond", "context_dim", "dim_context", "d_context", "cross_attention_dim"), "d_model"),
+    # a LoRA rank: its up-projection starts at zero (LoRA's own init, kept by the redraw), so any rank
+    # builds the same function; 1 is the smallest that builds (labml's lora GPT-2 attention)
+    **dict.fromkeys(("r", "lora_r", "lora_rank"), "one"),
 }
 #: roles that are not sizes: a plan of these alone names no size of the layer
 _NOT_SIZES = ("position_bias", "one", "false", "true", "zero")
@@ -102,7 +108,13 @@ def config_for(d_model: int, n_head: int) -> SimpleNamespace:
 
 
 def _is_config_class(obj: object) -> bool:
-    return inspect.isclass(obj) and any(base.__name__ in _CONFIG_BASES for base in obj.__mro__[1:])
+    """A library's config class: transformers' and diffusers' by their base, or a dataclass named
+    ``*Config`` (kornia's ``MoonViTConfig``, ``PaliGemmaConfig``: every field has a default)."""
+    if not inspect.isclass(obj):
+        return False
+    return any(base.__name__ in _CONFIG_BASES for base in obj.__mro__[1:]) \
+        or (dataclasses.is_dataclass(obj) and obj.__name__.endswith("Config")
+            and not getattr(getattr(obj, "__dataclass_params__", None), "frozen", False))
 
 
 def _named_classes(annotation: object, namespace: dict[str, object]) -> list[object]:

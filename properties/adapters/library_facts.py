@@ -90,10 +90,47 @@ def library_format(module: nn.Module) -> tuple[MaskFormat, str, str]:
         reading = read_mask(forward_sources(module), mask, _other_masks(module, mask))
         if reading.how:
             fmt = reading.format(row.mask)
-            return (fmt, reading.fully_masked or row.fully_masked,
-                    f"mask convention read from its source: {'; '.join(reading.how)}")
+            how = list(reading.how)
+            fully = reading.fully_masked
+            if fully is None and not sdpa_taken(module):
+                # an SDPA path beside a fill of its own (MONAI's SABlock: ``if self.use_flash_attention``),
+                # and this instance's flag takes the other: the fill says what a fully masked row gives
+                fully = read_fill(forward_sources(module))
+                if fully:
+                    how.append(f"a fully masked row gets {_FILL_WORDS[fully]}: its SDPA path is off here")
+            return fmt, fully or row.fully_masked, f"mask convention read from its source: {'; '.join(how)}"
     return (row.mask if exact is None else dataclasses.replace(row.mask, layout=exact)), row.fully_masked, \
         row.note + dispatch
+
+
+_FILL_WORDS = {"nan": "NaN (an -inf fill)", "uniform": "uniform weights (a finite fill)"}
+
+
+def sdpa_taken(module: nn.Module) -> bool:
+    """Whether ``module``'s forward, as this instance is set, reaches its call to torch's
+    ``scaled_dot_product_attention``: False only where every such call sits under ``if self.flag:``
+    (``if not self.flag:``'s else) and the instance's flag says the other branch, read from the source
+    and the attribute, nothing run; True where it cannot be told."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(type(module).forward)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, (ast.Attribute, ast.Name))
+             and (n.func.attr if isinstance(n.func, ast.Attribute) else n.func.id) == "scaled_dot_product_attention"]
+    if not calls:
+        return True
+    for call in calls:
+        guard = next((branch for branch in ast.walk(tree) if isinstance(branch, ast.If)
+                      and any(n is call for part in branch.body for n in ast.walk(part))), None)
+        test = guard.test if guard is not None else None
+        negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+        flag = test.operand if negated and isinstance(test, ast.UnaryOp) else test
+        if not (isinstance(flag, ast.Attribute) and isinstance(flag.value, ast.Name) and flag.value.id == "self"):
+            return True
+        value = getattr(module, flag.attr, None)
+        if not isinstance(value, bool) or value != negated:
+            return True  # the flag takes the call (or is not a plain bool)
+    return False
 
 
 def _other_masks(module: nn.Module, name: str) -> tuple[str, ...]:

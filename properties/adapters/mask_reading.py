@@ -4,7 +4,8 @@ forward and the functions and methods it calls (:func:`forward_source.forward_so
 Mask polarity is never read from outputs (a polarity bug would become a "convention"); the source says
 it: ``masked_fill(~mask, ...)`` or ``masked_fill(mask == 0, ...)`` keeps where True, ``masked_fill(mask,
 ...)`` removes where True, ``scores + mask`` adds it. Its shape too: ``repeat(mask, 'b j -> ...')``,
-``rearrange(mask, 'b j -> b 1 1 j')`` or ``mask[:, None, None, :]`` take key padding (B, Lk). What a
+``rearrange(mask, 'b j -> b 1 1 j')``, ``mask[:, None, None, :]`` or ``mask.unsqueeze(1).unsqueeze(2)`` take
+key padding (B, Lk). What a
 fully masked row gives follows from the fill: a finite one (``-torch.finfo(dtype).max``, ``-1e9``)
 gives uniform weights, ``-inf`` NaN. A forward that reads its mask only as a switch
 (``is_causal=mask is not None``, whisper's SDPA path) takes no mask the harness can draw.
@@ -73,7 +74,9 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
         "zero_test": re.compile(rf"masked_fill_?\(\s*{m}{c}\s*==\s*0\b"),
         "key_padding": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+(?:j|n|s|k)\s*->"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]"
-                                  rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*\]"),
+                                  rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*\]"
+                                  # MONAI's ``attn_mask.unsqueeze(1).unsqueeze(2)``: (B, Lk) -> (B, 1, 1, Lk)
+                                  rf"|\b{m}\.unsqueeze\(\s*1\s*\)\.unsqueeze\(\s*[12]\s*\)"),
         # fairseq's ``attn_mask = attn_mask.unsqueeze(0)``: one (Lq, Lk) mask for every item and head
         "shared": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*0\s*\)"),
         # torch MHA's own conversion written out: a bool mask turned into an additive one where True, a
