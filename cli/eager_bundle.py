@@ -93,6 +93,9 @@ def write_eager_bundle(directory: str | Path, target: Target, result: CheckResul
     why nothing was (a sentence either way, kept in the report)."""
     if target.plan is None:
         return "no bundle: the target is a factory, not a layer class the bundle can build by itself"
+    if target.plan.core is not None:
+        return ("no bundle: an attention core is verified inside projections the harness gives it, which a "
+                "standalone replay does not have; its replay command reproduces the failure")
     s = ex.sizes
     bound = target.build(s.d_model, s.n_head, seed=ex.seed, dtype=dtype)
     calls, out, raised = _record(bound.module, lambda: bound(ex.q, ex.k, ex.v, ex.mask))

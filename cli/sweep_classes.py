@@ -92,12 +92,14 @@ def computes_attention(node: ast.ClassDef) -> bool:
     called = {_called(n) for n in nodes}
     if "scaled_dot_product_attention" in called:
         return True
-    multiplies = bool(called & _PRODUCTS) or any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult)
-                                                 for n in nodes)
-    # a softmax-weighted product is also a router, a pooling, a CRF: attention names its operands
+    products = [n for n in nodes if (isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult))
+                or _called(n) in _PRODUCTS]
+    # a softmax-weighted product is also a router, a pooling, a CRF: attention names its operands, and
+    # multiplies a query or a key (ESMFold's ``for k, v in structure.items()`` names them, multiplies neither)
     names = {n.id for n in nodes if isinstance(n, ast.Name)} | {n.arg for n in nodes if isinstance(n, ast.arg)}
+    multiplied = {n.id for p in products for n in ast.walk(p) if isinstance(n, ast.Name)}
     roles = sum(bool(names & spelled) for spelled in _OPERANDS)
-    return "softmax" in called and multiplies and ("qkv" in names or roles >= 2)
+    return "softmax" in called and bool(multiplied & (_OPERANDS[0] | _OPERANDS[1])) and ("qkv" in names or roles >= 2)
 
 
 __all__ = ["LIBRARY_FILES", "Found", "computes_attention", "find_classes", "package_root"]

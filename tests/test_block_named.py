@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 
 import pytest
@@ -97,3 +98,39 @@ def test_a_dataclass_config_a_lora_rank_and_dropout_names_build_with_no_code(nam
     assert load_target(LAYERS + name).built_as == built_as
     result = _run(name, "oracle_agreement")
     assert result.verdict == "pass" and result.examples > 0, result.reason
+
+
+CORES = "tests/fixtures/attention_cores.py:"
+
+
+@pytest.mark.parametrize(("name", "layout"), [("EinsumCore", "(B, L, H, Hd)"), ("SdpaCore", "(B, H, L, Hd)")])
+def test_an_attention_core_is_verified_inside_projections_the_harness_gives_it(name: str, layout: str) -> None:
+    target = load_target(CORES + name)
+    assert "inside projections the harness gives it" in target.built_as and layout in target.built_as
+    assert "not given" in target.built_as  # its mask arguments: said, not drawn
+    assert target.build(8, 2).conventions.mask == frozenset()
+    for check in ("oracle_agreement", "key_permutation", "head_split"):
+        result = run_property(all_properties()[check], target, settings=PROFILES["quick"], seed=0)
+        assert result.verdict == "pass" and result.examples > 0, (check, result.reason)
+
+
+@pytest.mark.parametrize("name", ["EinsumCoreNoRoot", "SdpaCoreLastKeyDropped"])
+def test_a_core_with_one_bug_fails_against_the_oracle(name: str) -> None:
+    result = run_property(all_properties()["oracle_agreement"], load_target(CORES + name), settings=PROFILES["quick"],
+                          seed=0)
+    assert result.verdict == "fail"
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("LinearCore", "computes no softmax the harness can read"),
+    ("CoreWithTemperature", "has parameters of its own (temperature)"),
+])
+def test_what_is_no_attention_core_is_refused_by_name(name: str, words: str) -> None:
+    with pytest.raises(TargetError, match=re.escape(words)):
+        load_target(CORES + name)
+
+
+def test_a_softmax_product_whose_operands_are_no_query_or_key_is_not_found() -> None:
+    source = ("class Folding(nn.Module):\n    def forward(self, x, structure):\n"
+              "        s = (self.w.softmax(0) @ x)\n        return {k: v for k, v in structure.items()}\n")
+    assert not computes_attention(_class(source))

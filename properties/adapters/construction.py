@@ -34,6 +34,15 @@ from types import SimpleNamespace
 
 from torch import nn
 
+from mha_verify.properties.adapters.attention_core import (
+    LAYOUTS,
+    CoreInProjections,
+    core_layout,
+    core_module,
+    takes_heads,
+    unfed,
+)
+
 #: a constructor parameter's name -> the size it is given
 PARAMETER_ROLES: dict[str, str] = {
     **dict.fromkeys(("d_model", "embed_dim", "hidden_size", "dim", "query_dim", "n_embd", "embed_size",
@@ -61,6 +70,8 @@ REQUIRED_ROLES: dict[str, str] = {
     # a LoRA rank: its up-projection starts at zero (LoRA's own init, kept by the redraw), so any rank
     # builds the same function; 1 is the smallest that builds (labml's lora GPT-2 attention)
     **dict.fromkeys(("r", "lora_r", "lora_rank"), "one"),
+    # a fused kernel's switch (LightGlue's ``Attention(allow_flash)``): the plain path, whose steps are read
+    **dict.fromkeys(("allow_flash", "use_flash", "flash"), "false"),
 }
 #: roles that are not sizes: a plan of these alone names no size of the layer
 _NOT_SIZES = ("position_bias", "one", "false", "true", "zero")
@@ -199,12 +210,18 @@ class Construction:
     config: tuple[str, type | None] | None = None
     positional: bool = False
     grouped: bool = True
+    #: an attention core (:mod:`attention_core`): the layout of its per-head inputs and how it was read
+    core: tuple[str, str] | None = None
 
     def build(self, d_model: int, n_head: int) -> nn.Module:
         if self.positional:
             return self.cls(d_model, n_head)
         size = sizes_of(d_model, n_head, self.grouped)
         kwargs: dict[str, object] = {name: size[role] for name, role in self.roles}
+        if self.core is not None:
+            core = self.cls(**kwargs)
+            core_module(core)
+            return CoreInProjections(core, d_model, n_head, self.core[0])
         if self.config is not None:
             name, config_cls = self.config
             kwargs[name] = config_for(d_model, n_head) if config_cls is None \
@@ -224,6 +241,8 @@ class Construction:
         with the fields ``set`` (and ``attn_implementation``), or a ``namespace`` of fields. A
         standalone replay builds the same layer from it without this project."""
         where = {"module": self.cls.__module__, "class": self.cls.__qualname__}
+        if self.core is not None:
+            raise ValueError(f"{self.cls.__name__} is verified inside the harness's projections: no standalone recipe")
         if self.positional:
             return {**where, "args": [d_model, n_head]}
         size = sizes_of(d_model, n_head, self.grouped)
@@ -246,6 +265,13 @@ class Construction:
             return f"{self.cls.__name__}({d_model}, {n_head})"
         size = sizes_of(d_model, n_head, self.grouped)
         args = [f"{name}={size[role]}" for name, role in self.roles]
+        if self.core is not None:
+            layout, how = self.core
+            left = unfed(self.cls)
+            return (f"{self.cls.__name__}({', '.join(args)}) inside projections the harness gives it (q_proj, k_proj, "
+                    f"v_proj, out_proj of width {d_model}; heads laid out {LAYOUTS[layout]}, {how}"
+                    + (f"; its {', '.join(left)} not given: where a core lays {'them' if len(left) > 1 else 'it'} "
+                       "out is not read" if left else "") + ")")
         if self.config is not None:
             name, config_cls = self.config
             if config_cls is None:
@@ -287,6 +313,10 @@ def plans(cls: type) -> list[Construction]:
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     except (TypeError, ValueError):
         return [Construction(cls, positional=True)]
+    if takes_heads(cls):  # an attention core: sizes are the harness's projections', its own defaults kept
+        required = tuple((p.name, REQUIRED_ROLES[p.name]) for p in params
+                         if p.default is p.empty and p.name in REQUIRED_ROLES)
+        return [Construction(cls, required, core=core_layout(cls))]
     roles: list[tuple[str, str]] = []
     config: inspect.Parameter | None = None
     unknown: list[str] = []
