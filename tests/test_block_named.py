@@ -134,3 +134,10 @@ def test_a_softmax_product_whose_operands_are_no_query_or_key_is_not_found() -> 
     source = ("class Folding(nn.Module):\n    def forward(self, x, structure):\n"
               "        s = (self.w.softmax(0) @ x)\n        return {k: v for k, v in structure.items()}\n")
     assert not computes_attention(_class(source))
+
+
+def test_a_layer_with_projections_taking_q_k_v_is_built_as_a_layer_not_a_core() -> None:
+    target = load_target(CORES + "ProjectedQKV")
+    assert target.built_as == "ProjectedQKV(8, 2)"
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass" and result.examples > 0, result.reason

@@ -313,10 +313,12 @@ def plans(cls: type) -> list[Construction]:
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     except (TypeError, ValueError):
         return [Construction(cls, positional=True)]
-    if takes_heads(cls):  # an attention core: sizes are the harness's projections', its own defaults kept
-        required = tuple((p.name, REQUIRED_ROLES[p.name]) for p in params
-                         if p.default is p.empty and p.name in REQUIRED_ROLES)
-        return [Construction(cls, required, core=core_layout(cls))]
+    required = [p for p in params if p.default is p.empty]
+    if takes_heads(cls) and not any(p.name in PARAMETER_ROLES for p in params) \
+            and all(p.name in REQUIRED_ROLES for p in required):
+        # an attention core: no size of its own to give (SAM's ``Attention(embedding_dim, num_heads)`` takes
+        # q, k, v too, and has its projections), its defaults kept, sizes the harness's projections'
+        return [Construction(cls, tuple((p.name, REQUIRED_ROLES[p.name]) for p in required), core=core_layout(cls))]
     roles: list[tuple[str, str]] = []
     config: inspect.Parameter | None = None
     unknown: list[str] = []
