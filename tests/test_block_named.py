@@ -15,6 +15,7 @@ import pytest
 
 from mha_verify.properties.adapters.library_facts import sdpa_taken
 from mha_verify.properties.adapters.mask_reading import read_mask
+from mha_verify.properties.adapters.structural import table_width
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.results import CheckResult
 from mha_verify.properties.engine.runner import run_property
@@ -141,3 +142,16 @@ def test_a_layer_with_projections_taking_q_k_v_is_built_as_a_layer_not_a_core() 
     assert target.built_as == "ProjectedQKV(8, 2)"
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert result.verdict == "pass" and result.examples > 0, result.reason
+
+
+@pytest.mark.parametrize(("name", "width"), [("TablesFull", 4), ("TablesHalf", 2)])
+def test_a_rotarys_tables_handed_in_are_given_a_rotation_by_0_of_the_width_the_layer_takes(name: str,
+                                                                                       width: int) -> None:
+    bound = load_target(LAYERS + name).build(8, 2)
+    assert table_width(bound.module, 4) == width
+    assert any("cos, sin (a rotary's tables, required) given a rotation by 0" in n for n in bound.conventions.notes)
+    assert bound.conventions.head_dim_multiple == 2
+    for check in ("oracle_agreement", "batch_independence"):
+        result = _run(name, check)
+        assert result.verdict == "pass" and result.examples > 0, (check, result.reason)
+    assert _run("TablesHalfQueryAxis", "oracle_agreement").verdict == "fail"

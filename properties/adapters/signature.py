@@ -64,6 +64,9 @@ class Signature:
     lengths: bool = False  # the mask is key padding given as lengths (B,) (:data:`LENGTH_NAMES`)
     #: parameters with no default and no role above (vit-pytorch's ``rotary_emb, pos, block_mask``): given None
     unnamed_required: tuple[str, ...] = ()
+    #: a rotary's tables handed in by the caller as two required arguments ``cos, sin`` (kornia's vision
+    #: layers): given a rotation by 0
+    tables: tuple[str, str] | None = None
 
     @property
     def self_attention(self) -> bool:
@@ -100,11 +103,13 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     required = mask is not None and params[mask].default is params[mask].empty
     bias = "position_bias" if "position_bias" in names else None
     context_mask = "encoder_attention_mask" if context is not None and "encoder_attention_mask" in names else None
-    roles = {first, key, value, context, mask, padding, rotary, bias, context_mask}
+    tables = ("cos", "sin") if all(n in names and params[n].default is params[n].empty for n in ("cos", "sin")) \
+        else None
+    roles = {first, key, value, context, mask, padding, rotary, bias, context_mask, *(tables or ())}
     unnamed = tuple(n for n in names if n not in roles and params[n].default is params[n].empty
                     and not _tensor_only(params[n].annotation))
     return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias,
-                     context_mask, lengths, unnamed)
+                     context_mask, lengths, unnamed, tables)
 
 
 def _tensor_only(annotation: object) -> bool:

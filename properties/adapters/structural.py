@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import weakref
 
 import torch
 from torch import nn
@@ -265,7 +266,7 @@ class StructuralAdapter(Adapter):
             # x[..., 1::2]): where the rotation is by 0, head widths stay even
             # a rotary of its own rotates pairs of columns too: RoPE has no odd head width (labml's retro
             # rotary at Hd = 3 raised on every call)
-            head_dim_multiple=2 if (sig.rotary and rotary is None) or own else 1,
+            head_dim_multiple=2 if (sig.rotary and rotary is None) or own or sig.tables else 1,
             beyond=", ".join(beyond) or None,
             beyond_positional=positional,
             q_norm=q_norm,
@@ -285,7 +286,9 @@ class StructuralAdapter(Adapter):
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
                    + ("" if ignored is None else f" it uses ({sig.mask}: {ignored})"),
                    *((f"forward's {', '.join(given_none(module))} (required, no role the harness reads) "
-                      "given None",) if given_none(module) else ())),
+                      "given None",) if given_none(module) else ()),
+                   *((f"forward's {', '.join(sig.tables)} (a rotary's tables, required) given a rotation by 0 (cos 1, "
+                      "sin 0): no rotary is verified, the rest is",) if sig.tables else ())),
         )
         if takes_kv and positional:
             # where its positional step places query i among Lk != Lq keys is its own convention, unread
@@ -493,6 +496,10 @@ class StructuralAdapter(Adapter):
             cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each
             # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
             kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
+        if sig.tables is not None:  # a rotation by 0: (L, w) of ones and of zeros
+            width = table_width(module, head_dim_of(module, self.params(module)))
+            kwargs[sig.tables[0]] = torch.ones(q.shape[1], width, dtype=q.dtype, device=q.device)
+            kwargs[sig.tables[1]] = torch.zeros(q.shape[1], width, dtype=q.dtype, device=q.device)
         self._in_layout(conv, kwargs, (sig.input, sig.key, sig.value, sig.context))
         return kwargs
 
@@ -528,6 +535,33 @@ class StructuralAdapter(Adapter):
         return set_all_dropout(module, p)
 
 
+
+
+_WIDTHS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def table_width(module: nn.Module, head_dim: int) -> int:
+    """The width of the ``cos, sin`` tables ``module``'s forward takes (:attr:`Signature.tables`): the head
+    width (Qwen2.5-VL's vision layer, ``q * cos + rotate_half(q) * sin``) or half of it (MoonViT's complex
+    pairs), the first one a call on (1, 2, D) of zeros runs with; a rotation by 0 is the same rotation in
+    every layout, so only the width is read. The head width where neither runs (the first forward then
+    names the error)."""
+    if module not in _WIDTHS:
+        sig = read_signature(module)
+        assert sig.tables is not None
+        d_model = next((p.shape[-1] for p in module.parameters() if p.dim() == 2), head_dim)
+        x = torch.zeros(1, 2, d_model, dtype=next((p.dtype for p in module.parameters()), torch.float32))
+        _WIDTHS[module] = head_dim
+        for width in (head_dim, head_dim // 2):
+            try:
+                with torch.no_grad():
+                    module(**{sig.input: x, sig.tables[0]: torch.ones(2, width, dtype=x.dtype),
+                              sig.tables[1]: torch.zeros(2, width, dtype=x.dtype)})
+            except Exception:
+                continue
+            _WIDTHS[module] = width
+            break
+    return _WIDTHS[module]
 
 
 def given_none(module: nn.Module) -> tuple[str, ...]:
