@@ -155,3 +155,12 @@ def test_a_rotarys_tables_handed_in_are_given_a_rotation_by_0_of_the_width_the_l
         result = _run(name, check)
         assert result.verdict == "pass" and result.examples > 0, (check, result.reason)
     assert _run("TablesHalfQueryAxis", "oracle_agreement").verdict == "fail"
+
+
+def test_positions_a_layer_raises_without_are_given_and_its_laws_checked() -> None:
+    conv = load_target(LAYERS + "PositionsRequired").build(8, 2).conventions
+    assert "forward's position_ids given 0 .. L - 1 for every item" in conv.notes
+    assert conv.beyond is not None and conv.beyond_positional  # its rotary: laws only
+    for check in ("batch_independence", "masked_kv_invariance"):
+        result = _run("PositionsRequired", check)
+        assert result.verdict == "pass" and result.examples > 0, (check, result.reason)

@@ -67,6 +67,8 @@ class Signature:
     #: a rotary's tables handed in by the caller as two required arguments ``cos, sin`` (kornia's vision
     #: layers): given a rotation by 0
     tables: tuple[str, str] | None = None
+    #: the positions of the queries (``position_ids``, (B, L)), from which a layer computes a rotary of its own
+    positions: str | None = None
 
     @property
     def self_attention(self) -> bool:
@@ -105,11 +107,12 @@ def _roles(forward: Callable[..., Any]) -> Signature:
     context_mask = "encoder_attention_mask" if context is not None and "encoder_attention_mask" in names else None
     tables = ("cos", "sin") if all(n in names and params[n].default is params[n].empty for n in ("cos", "sin")) \
         else None
-    roles = {first, key, value, context, mask, padding, rotary, bias, context_mask, *(tables or ())}
+    positions = "position_ids" if "position_ids" in names else None
+    roles = {first, key, value, context, mask, padding, rotary, bias, context_mask, positions, *(tables or ())}
     unnamed = tuple(n for n in names if n not in roles and params[n].default is params[n].empty
                     and not _tensor_only(params[n].annotation))
     return Signature(first, key, value, context, mask, padding, "need_weights" in names, rotary, required, bias,
-                     context_mask, lengths, unnamed, tables)
+                     context_mask, lengths, unnamed, tables, positions)
 
 
 def _tensor_only(annotation: object) -> bool:

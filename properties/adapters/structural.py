@@ -288,7 +288,9 @@ class StructuralAdapter(Adapter):
                    *((f"forward's {', '.join(given_none(module))} (required, no role the harness reads) "
                       "given None",) if given_none(module) else ()),
                    *((f"forward's {', '.join(sig.tables)} (a rotary's tables, required) given a rotation by 0 (cos 1, "
-                      "sin 0): no rotary is verified, the rest is",) if sig.tables else ())),
+                      "sin 0): no rotary is verified, the rest is",) if sig.tables else ()),
+                   *((f"forward's {sig.positions} given 0 .. L - 1 for every item",) if given_positions(module)
+                     else ())),
         )
         if takes_kv and positional:
             # where its positional step places query i among Lk != Lq keys is its own convention, unread
@@ -496,6 +498,8 @@ class StructuralAdapter(Adapter):
             cos, sin = position_embeddings(module, q, conv.rotary, head_dim)  # (B, L, r) each
             # DINOv3's kind broadcasts (L, r) over batch and heads: one row of positions serves all
             kwargs[sig.rotary] = (cos, sin) if cos_sin_batched(module) else (cos[0], sin[0])
+        if sig.positions is not None and given_positions(module):  # 0 .. L - 1 for every item
+            kwargs[sig.positions] = torch.arange(q.shape[1], device=q.device).expand(q.shape[0], -1)
         if sig.tables is not None:  # a rotation by 0: (L, w) of ones and of zeros
             width = table_width(module, head_dim_of(module, self.params(module)))
             kwargs[sig.tables[0]] = torch.ones(q.shape[1], width, dtype=q.dtype, device=q.device)
@@ -562,6 +566,14 @@ def table_width(module: nn.Module, head_dim: int) -> int:
             _WIDTHS[module] = width
             break
     return _WIDTHS[module]
+
+
+def given_positions(module: nn.Module) -> bool:
+    """Whether ``module``'s ``position_ids`` are given (0 .. L - 1 for every item): only in a library the
+    harness has no facts about (kornia's Gemma raises without them); in one it knows the layer's own
+    default is what its models rely on where they pass none."""
+    return read_signature(module).positions is not None \
+        and library_of(module) not in {library for library, _ in recognition.LIBRARY_FORMATS}
 
 
 def given_none(module: nn.Module) -> tuple[str, ...]:
