@@ -164,3 +164,15 @@ def test_positions_a_layer_raises_without_are_given_and_its_laws_checked() -> No
     for check in ("batch_independence", "masked_kv_invariance"):
         result = _run("PositionsRequired", check)
         assert result.verdict == "pass" and result.examples > 0, (check, result.reason)
+
+
+@pytest.mark.parametrize("text", [
+    "attn_mask = attention_mask.bool().unsqueeze(1)\nout = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)",
+    "m = attention_mask.to(torch.bool)\nout = F.scaled_dot_product_attention(q, k, v, attn_mask=m)",
+])
+def test_a_mask_turned_to_bool_is_drawn_as_bool_only(text: str) -> None:
+    # kornia's SigLIP2: a float mask is 1/0 there; drawn as additive biases, -inf read as keep, 8 checks
+    # failed falsely
+    reading = read_mask((("its forward", text),), "attention_mask")
+    assert reading.takes == frozenset({"bool"}) and reading.kind is None
+    assert "a float one read as 1/0" in reading.how[0]

@@ -71,6 +71,8 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
         # a fully masked row sums to 0 and gives zeros, whatever the fill before
         "zeroed": re.compile(rf"\bexp\w*\.masked_fill_?\(\s*~\s*{m}\s*,\s*0(?:\.0*)?\s*\)"),
         "bool_only": re.compile(rf"~\s*{m}\b|{m}\.logical_not\(\)"),
+        # any mask turned to bool (kornia's SigLIP2: ``attention_mask.bool()``): a float one is 1/0, never biases
+        "to_bool": re.compile(rf"\b{m}{c}\.bool\(\)|\b{m}{c}\.to\(\s*(?:dtype\s*=\s*)?torch\.bool\s*\)"),
         "zero_test": re.compile(rf"masked_fill_?\(\s*{m}{c}\s*==\s*0\b"),
         "key_padding": re.compile(rf"(?:rearrange|repeat)\(\s*{m}\s*,\s*['\"]b\s+(?:j|n|s|k)\s*->"
                                   rf"|\b{m}\s*\[\s*:\s*,\s*None\s*,\s*None\s*,\s*:\s*\]"
@@ -156,6 +158,9 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     # ``~mask`` takes bools only; ``mask == 0`` reads a float mask as 0/1, never as additive biases
     takes = frozenset({"bool"}) if kind in ("keep", "drop") and (p["bool_only"].search(text)
                                                                  or p["zero_test"].search(text)) else None
+    if kind in (None, "keep", "drop") and p["to_bool"].search(text):
+        takes = frozenset({"bool"})
+        how.append(f"any mask turned to bool, a float one read as 1/0 ({where(p['to_bool'])}): drawn as bool only")
     if both:
         takes = frozenset({"bool", "float"})
     applied = p[kind].search(text) if kind else None
