@@ -167,7 +167,8 @@ def test_positions_a_layer_raises_without_are_given_and_its_laws_checked() -> No
 
 
 @pytest.mark.parametrize("text", [
-    "attn_mask = attention_mask.bool().unsqueeze(1)\nout = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)",
+    "attn_mask = attention_mask.bool().unsqueeze(1)\n"
+    "out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)",
     "m = attention_mask.to(torch.bool)\nout = F.scaled_dot_product_attention(q, k, v, attn_mask=m)",
 ])
 def test_a_mask_turned_to_bool_is_drawn_as_bool_only(text: str) -> None:
