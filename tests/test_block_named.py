@@ -149,7 +149,8 @@ def test_a_rotarys_tables_handed_in_are_given_a_rotation_by_0_of_the_width_the_l
                                                                                        width: int) -> None:
     bound = load_target(LAYERS + name).build(8, 2)
     assert table_width(bound.module, 4) == width
-    assert any("cos, sin (a rotary's tables, required) given a rotation by 0" in n for n in bound.conventions.notes)
+    assert any(f"cos, sin (a rotary's tables, required) given a rotation by 0 (cos 1, sin 0) of (L, {width})" in n
+               for n in bound.conventions.notes)
     assert bound.conventions.head_dim_multiple == 2
     for check in ("oracle_agreement", "batch_independence"):
         result = _run(name, check)

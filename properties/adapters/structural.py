@@ -288,7 +288,8 @@ class StructuralAdapter(Adapter):
                    *((f"forward's {', '.join(given_none(module))} (required, no role the harness reads) "
                       "given None",) if given_none(module) else ()),
                    *((f"forward's {', '.join(sig.tables)} (a rotary's tables, required) given a rotation by 0 (cos 1, "
-                      "sin 0): no rotary is verified, the rest is",) if sig.tables else ()),
+                      f"sin 0) of (L, {table_width(module, head_dim_of(module, p))}): no rotary is verified, the rest "
+                      "is",) if sig.tables else ()),
                    *((f"forward's {sig.positions} given 0 .. L - 1 for every item",) if given_positions(module)
                      else ())),
         )
