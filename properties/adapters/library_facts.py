@@ -108,9 +108,10 @@ _FILL_WORDS = {"nan": "NaN (an -inf fill)", "uniform": "uniform weights (a finit
 
 def sdpa_taken(module: nn.Module) -> bool:
     """Whether ``module``'s forward, as this instance is set, reaches its call to torch's
-    ``scaled_dot_product_attention``: False only where every such call sits under ``if self.flag:``
-    (``if not self.flag:``'s else) and the instance's flag says the other branch, read from the source
-    and the attribute, nothing run; True where it cannot be told."""
+    ``scaled_dot_product_attention``: False only where every such call sits in the body of ``if self.flag:``
+    (or of ``if not self.flag:``) and the instance's flag says that body is skipped, read from the source
+    and the attribute, nothing run; True where it cannot be told. The guard read is the outermost ``if``
+    whose body holds the call."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(type(module).forward)))
     except (OSError, TypeError, SyntaxError):
