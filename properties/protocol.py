@@ -272,9 +272,11 @@ def _causal(value: object) -> bool | str:
     return causal_alignment(value) or False
 
 
-#: 4-D inputs (A0, A1, A2, D) taking a sequence as one row: where its batch B and its positions L go among
-#: the first three axes, the third of size 1 (SAM's image encoder (B, H, W, C) takes (B, 1, L, D): "B1LD")
-GRID_LAYOUTS = ("B1LD", "BL1D", "1BLD", "1LBD", "L1BD", "LB1D")
+#: 4-D inputs taking a sequence as one row: where its batch B, its positions L and its features D go, the
+#: fourth axis of size 1. Features last, (A0, A1, A2, D): SAM's image encoder (B, H, W, C) takes (B, 1, L, D),
+#: "B1LD". Features second, a channels-first feature map (A0, D, A1, A2): vit-pytorch's NesT (B, C, H, W)
+#: takes (B, D, 1, L), "BD1L".
+GRID_LAYOUTS = ("B1LD", "BL1D", "1BLD", "1LBD", "L1BD", "LB1D", "BD1L", "BDL1", "1DBL", "1DLB", "LD1B", "LDB1")
 #: the layouts of q, k, v and the output a target may take (Conventions.layout)
 LAYOUTS = ("batch_first", "seq_first", *GRID_LAYOUTS)
 

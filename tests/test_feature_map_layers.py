@@ -32,10 +32,34 @@ def test_a_merge_of_d_before_h_is_not_read_as_the_standard_one() -> None:
         load_target(FIXTURE + "VitOutDHMerge").build(8, 2)
 
 
-def test_projections_by_convolution_are_refused_by_name() -> None:
+def test_projections_by_wide_convolutions_are_refused_by_name() -> None:
     with pytest.raises(TargetError) as info:
-        load_target(FIXTURE + "ConvProjected").build(8, 2)
+        load_target(FIXTURE + "ConvProjectedWide").build(8, 2)
     assert str(info.value) == (
-        "ConvProjected takes a step beyond the attention the oracle models: q, k, v projected by convolutions over "
-        "a feature map (to_q: Conv2d, to_k: Conv2d, to_v: Conv2d), attention over (B, C, H, W) positions rather "
+        "ConvProjectedWide takes a step beyond the attention the oracle models: q, k, v projected by convolutions "
+        "over a feature map (to_k: Conv2d, to_v: Conv2d), attention over (B, C, H, W) positions rather "
         "than a sequence (B, L, D), so it cannot be verified yet")
+
+
+@pytest.mark.parametrize(("layer", "twin"), [("ConvProjected", "ConvProjectedDHSplit"),
+                                             ("NestLike", "NestLikeSoftmaxOverQueries")])
+def test_a_channels_first_feature_map_through_1x1_convolutions_is_verified_and_its_twin_fails(
+        layer: str, twin: str) -> None:
+    conventions = load_target(FIXTURE + layer).build(8, 2).conventions
+    assert conventions.layout == "BD1L"
+    assert conventions.beyond is None  # held to the oracle, not to the laws alone
+    assert "a sequence as one row of a channels-first feature map, read by a probe" in "; ".join(conventions.notes)
+    checks = ("oracle_agreement", "head_split", "batch_independence", "query_permutation", "grad_agreement")
+    assert set(_verdicts(layer, checks).values()) == {"pass"}
+    assert _verdicts(twin, ("oracle_agreement",)) == {"oracle_agreement": "fail"}
+
+
+def test_a_layer_norm_of_its_own_over_the_channels_is_applied_by_the_oracle() -> None:
+    notes = "; ".join(load_target(FIXTURE + "NestLike").build(8, 2).conventions.notes)
+    assert "its input normalized first by norm (LayerNorm over D, eps 1e-05), applied by the oracle" in notes
+
+
+@pytest.mark.parametrize("d_model", [2, 3, 5])
+def test_a_feature_map_is_read_where_d_equals_a_probe_axis(d_model: int) -> None:
+    # at (2, 3, 5, D = 3) a channels-first layer would take the last axis's 3 for its channels
+    assert load_target(FIXTURE + "ConvProjected").build(d_model, 1).conventions.layout == "BD1L"

@@ -46,7 +46,7 @@ def test_a_required_argument_with_no_role_is_given_none_and_said() -> None:
 def test_a_sequence_goes_into_a_grid_layout_and_back_unchanged(layout: str) -> None:
     x = torch.randn(2, 3, 4)
     inside = to_layer(x, layout)
-    assert inside.shape == (*({"B": 2, "L": 3, "1": 1}[axis] for axis in layout[:3]), 4)
+    assert inside.shape == tuple({"B": 2, "L": 3, "1": 1, "D": 4}[axis] for axis in layout)
     assert torch.equal(from_layer(inside, layout), x)
     assert Conventions().declare({"layout": layout}).layout == layout
 

@@ -112,7 +112,7 @@ def test_a_float64_forward_through_float32_is_a_policy_without_the_oracle() -> N
 
 
 @pytest.mark.parametrize(("spec", "said"), [
-    ("tests/fixtures/feature_map_layers.py:ConvProjected", "q, k, v projected by convolutions over a feature map"),
+    ("tests/fixtures/feature_map_layers.py:ConvProjectedWide", "q, k, v projected by convolutions over a feature map"),
     ("tests/fixtures/odd_layers.py:AutoCorrelation", "computes through torch.fft"),
     (SOURCE + "ProjectionOnly", "computes no attention weights in its forward"),
 ])

@@ -49,7 +49,8 @@ PARAMETER_ROLES: dict[str, str] = {
                      "model_dim", "hidden_dim", "n_state", "emb_size"), "d_model"),
     **dict.fromkeys(("n_head", "num_heads", "heads", "n_heads", "num_attention_heads", "nhead",
                      "attention_heads"), "n_head"),
-    **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size", "d_k"), "head_dim"),
+    **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size", "d_k", "dim_key",
+                     "dim_value"), "head_dim"),
     **dict.fromkeys(("layer_idx", "layer_id", "layer_number", "block_idx"), "layer_idx"),
     # a layer that can compute its own position bias (T5's first layer) is built with it: the oracle
     # adds the layer's table (mha.scoring.PositionBias), so how the layer adds it is verified

@@ -13,8 +13,10 @@ It is probed at (2, 3, 5, D) with x[1, 1, 1] changed: the axes along which other
 ones it attends along, the others are batch-like. A sequence (B, L, D) is then given as one row of
 such an input (:data:`protocol.GRID_LAYOUTS`): L along an attended axis, B along a batch-like one,
 the third axis 1; the first placement whose own probe attends along L (an output other than the
-changed one moves) and keeps the batch items apart is taken. The axes are read from what the layer
-does, never from its names.
+changed one moves) and keeps the batch items apart is taken. A layer that takes no such input is probed
+the same way as a channels-first feature map (2, D, 3, 5) (vit-pytorch's NesT and ScalableViT attend over
+(B, C, H, W) through 1x1 convolutions): a sequence is then (B, D, 1, L). The axes are read from what the
+layer does, never from its names.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def to_layer(t: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "seq_first":
         return t.transpose(0, 1)
     if layout in GRID_LAYOUTS:
-        return t.unsqueeze(2).permute(*("BL1".index(axis) for axis in layout[:3]), 3)  # (B, L, 1, D) -> layout
+        return t.unsqueeze(2).permute(*("BL1D".index(axis) for axis in layout))  # (B, L, 1, D) -> layout
     return t
 
 
@@ -67,7 +69,7 @@ def from_layer(out: torch.Tensor, layout: str) -> torch.Tensor:
     if layout == "seq_first":
         return out.transpose(0, 1)
     if layout in GRID_LAYOUTS:
-        return out.permute(*(layout.index(axis) for axis in "BL1"), 3)[:, :, 0]
+        return out.permute(*(layout.index(axis) for axis in "BL1D"))[:, :, 0]
     return out
 
 
@@ -89,28 +91,60 @@ def _moved_grid(run: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, .
     return (after.double() - before.double()).abs().amax(dim=-1) > 0
 
 
+def _channels_first(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``run`` of a layer taking (A0, D, A1, A2) called on (A0, A1, A2, D), its output moved back alike."""
+    def moved(x: torch.Tensor) -> torch.Tensor:
+        out = run(x.movedim(-1, 1))
+        return out.movedim(1, -1) if isinstance(out, torch.Tensor) and out.dim() == 4 else out
+    return moved
+
+
 def _grid(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: torch.dtype) -> tuple[str, str] | None:
-    """The grid layout (module docstring) of a layer that takes a 4-D input, with how it was read; None
-    where it takes none or attends along no axis apart from the others."""
-    moved = _moved_grid(run, (2, 3, 5, d_model), (1, 1, 1), dtype)
+    """The grid layout (module docstring) of a layer that takes a 4-D input, features last or else second
+    (a channels-first feature map), with how it was read; None where it takes neither or attends along no
+    axis apart from the others."""
+    # axes of sizes other than D: at (2, 3, 5, 3) a channels-first layer takes the last 3 for its channels
+    sizes = tuple(n for n in (2, 3, 5, 7) if n != d_model)[:3]
+    found = _grid_features_last(run, d_model, dtype, sizes)
+    if found is not None:
+        layout, attended = found
+        return layout, (f"4-D inputs ({', '.join(layout)}): a sequence as one row, read by a probe: at "
+                        f"({', '.join(map(str, sizes))}, D) changing x[1, 1, 1] moved outputs along axes "
+                        f"{', '.join(map(str, attended))} only")
+    found = _grid_features_last(_channels_first(run), d_model, dtype, sizes)
+    if found is None:
+        return None
+    last, attended = found
+    layout = last[0] + "D" + last[1:3]  # (A0, A1, A2, D) as the layer takes it: (A0, D, A1, A2)
+    axes = ", ".join(str(a if a == 0 else a + 1) for a in attended)
+    return layout, (f"4-D inputs ({', '.join(layout)}): a sequence as one row of a channels-first feature map, "
+                    f"read by a probe: at ({sizes[0]}, D, {sizes[1]}, {sizes[2]}) changing x[1, :, 1, 1] moved "
+                    f"outputs along axes {axes} only")
+
+
+def _grid_features_last(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: torch.dtype,
+                        sizes: tuple[int, ...]) -> tuple[str, list[int]] | None:
+    """:func:`_grid` for a layer whose input's last axis is D, probed at (``sizes``, D): (its layout, the
+    axes it attends along)."""
+    moved = _moved_grid(run, (*sizes, d_model), (1, 1, 1), dtype)
     if moved is None or not bool(moved[1, 1, 1]):
         return None
     hits = moved.nonzero()  # (n, 3): the outputs that moved
     attended = [a for a in range(3) if bool((hits[:, a] != 1).any())]
     batch_like = [a for a in range(3) if a not in attended]
+    n_batch, n_len = sizes[0], sizes[1]
     for seq in reversed(attended):  # the last attended axis first: a feature map's row-major W
         for batch in batch_like:
             layout = "".join("L" if a == seq else "B" if a == batch else "1" for a in range(3)) + "D"
-            shape = (*(3 if c == "L" else 2 if c == "B" else 1 for c in layout[:3]), d_model)
+            shape = (*(n_len if c == "L" else n_batch if c == "B" else 1 for c in layout[:3]), d_model)
             at = tuple(1 if c == "L" else 0 for c in layout[:3])
             seen = _moved_grid(run, shape, at, dtype)
             if seen is None:
                 continue
-            rows = from_layer(seen[..., None], layout)[..., 0]  # (2, 3): item, position
-            if bool(rows[0, 0] or rows[0, 2]) and not bool(rows[1].any()):
-                return layout, (f"4-D inputs ({', '.join(layout)}): a sequence as one row, read by a probe: at "
-                                "(2, 3, 5, D) changing x[1, 1, 1] moved outputs along axes "
-                                f"{', '.join(map(str, attended))} only")
+            rows = from_layer(seen[..., None], layout)[..., 0]  # (n_batch, n_len): item, position
+            others = torch.cat([rows[0, :1], rows[0, 2:]])
+            if bool(others.any()) and not bool(rows[1:].any()):
+                return layout, attended
     return None
 
 

@@ -12,14 +12,15 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.base import Adapter
 from mha_verify.properties.adapters.structural import StructuralAdapter, head_dim_of
+from mha_verify.properties.adapters.unmodelled import pointwise
 
 
 def _linear_like(layer: object) -> bool:
-    """nn.Linear, HF's Conv1D (a ``weight`` (in, out) and an ``nf`` out-features attribute), or a LoRA
-    linear (:func:`_lora`)."""
+    """nn.Linear, HF's Conv1D (a ``weight`` (in, out) and an ``nf`` out-features attribute), a LoRA
+    linear (:func:`_lora`) or a pointwise convolution (:func:`pointwise`)."""
     return isinstance(layer, nn.Linear) or (
         isinstance(layer, nn.Module) and type(layer).__name__ == "Conv1D" and hasattr(layer, "nf")
-        and isinstance(getattr(layer, "weight", None), torch.Tensor)) or _lora(layer)
+        and isinstance(getattr(layer, "weight", None), torch.Tensor)) or _lora(layer) or pointwise(layer)
 
 
 def _lora(layer: object) -> bool:
@@ -66,14 +67,16 @@ def merges_heads(layer: object) -> bool:
 
 
 def weight_bias(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight (out, in), bias (out,) or None) of an nn.Linear, an HF Conv1D (transposed) or a LoRA linear
-    (its weight plus the scaled low-rank product)."""
+    """(weight (out, in), bias (out,) or None) of an nn.Linear, an HF Conv1D (transposed), a LoRA linear
+    (its weight plus the scaled low-rank product) or a pointwise convolution (its kernel's axes dropped)."""
     weight = layer.weight
     assert isinstance(weight, torch.Tensor)
     bias = getattr(layer, "bias", None)
     if _lora(layer):  # the weight it applies: W + scaling B A
         lora_a, lora_b = getattr(layer, "lora_a"), getattr(layer, "lora_b")  # noqa: B009 (tensors, to mypy)
         weight = weight + float(getattr(layer, "scaling")) * (lora_b @ lora_a)  # noqa: B009
+    elif pointwise(layer):  # (out, in, 1, ...) -> (out, in)
+        weight = weight.flatten(1)
     elif not isinstance(layer, nn.Linear):  # Conv1D: y = x @ W + b with W (in, out)
         weight = weight.t()
     return weight, bias if isinstance(bias, torch.Tensor) else None

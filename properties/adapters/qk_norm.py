@@ -108,8 +108,10 @@ def _tensor(norm: nn.Module, attr: str) -> torch.Tensor | None:
 
 
 def _sole_parameter(norm: nn.Module) -> torch.Tensor | None:
-    params = list(norm.parameters(recurse=False))
-    return params[0] if len(params) == 1 and not list(norm.children()) else None
+    """The one parameter of a norm, its children holding none (LookViT's ``LayerNorm``: an affine-free
+    ``nn.LayerNorm`` child and a gain ``gamma``)."""
+    params = list(norm.parameters())
+    return params[0] if len(params) == 1 and any(p is params[0] for p in norm.parameters(recurse=False)) else None
 
 
 def _normalized_width(norm: nn.Module) -> int:
@@ -161,7 +163,8 @@ class PreNorms(NamedTuple):
     self_only: str = ""  # why the layer is verified as self-attention only, at this construction
 
 
-_INPUT_READ: weakref.WeakKeyDictionary[nn.Module, PreNorms | None] = weakref.WeakKeyDictionary()
+#: per module, per context name (None: the layer verified as self-attention)
+_INPUT_READ: weakref.WeakKeyDictionary[nn.Module, dict[str | None, PreNorms | None]] = weakref.WeakKeyDictionary()
 
 
 def input_norms(module: nn.Module, source: str, input_name: str, context_name: str | None) -> PreNorms | None:
@@ -181,11 +184,10 @@ def input_norms(module: nn.Module, source: str, input_name: str, context_name: s
 
     Each norm is a LayerNorm or RMSNorm over D (:func:`read_norm`, its probe). Read once per module (a
     probe cannot run in a trace)."""
-    if module in _INPUT_READ:
-        return _INPUT_READ[module]
-    found = _read_input_norms(module, source, input_name, context_name)
-    _INPUT_READ[module] = found
-    return found
+    read = _INPUT_READ.setdefault(module, {})
+    if context_name not in read:
+        read[context_name] = _read_input_norms(module, source, input_name, context_name)
+    return read[context_name]
 
 
 def _read_input_norms(module: nn.Module, source: str, input_name: str, context_name: str | None) -> PreNorms | None:
@@ -250,5 +252,46 @@ def _pre_norm(module: nn.Module, name: str) -> Norm | None:
         gain = _sole_parameter(child)
         width = int(gain.shape[-1]) if gain is not None and gain.dim() == 1 else -1
     if width <= 0:
-        return None
+        rows = _ChannelsFirstNorm.of(child)
+        if rows is None:
+            return None
+        try:  # a channels-first norm of another formula (a batch norm's statistics) stays unmodelled
+            return dataclasses.replace(read_norm(rows, f"{type(module).__name__}.{name}", 1, rows.width), over="all")
+        except ValueError:
+            return None
     return dataclasses.replace(read_norm(child, f"{type(module).__name__}.{name}", 1, width), over="all")
+
+
+class _ChannelsFirstNorm(nn.Module):
+    """A norm of a channels-first feature map (B, C, H, W) whose parameters are all (1, C, 1, 1) (vit-pytorch's
+    NesT ``LayerNorm`` and ScalableViT ``ChanLayerNorm``: gain ``g``, bias ``b``, statistics over dim 1) seen
+    as a norm of rows (..., C), for :func:`read_norm`'s probe and the oracle: its gain and bias as (C,) views
+    of the live parameters, its epsilon its own."""
+
+    def __init__(self, norm: nn.Module, params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.inner = norm
+        self.width = int(params[0].shape[1])
+        named = dict(norm.named_parameters(recurse=False))
+        gain = next((named[n] for n in ("weight", "g", "gamma", "scale") if n in named), None)
+        shift = next((named[n] for n in ("bias", "b", "beta", "shift") if n in named), None)
+        if gain is None and shift is None and len(params) == 1:
+            gain = params[0]
+        self.weight = None if gain is None else gain.view(-1)
+        self.bias = None if shift is None else shift.view(-1)
+        for attr in _EPS_ATTRS:
+            if attr in vars(norm):
+                setattr(self, attr, getattr(norm, attr))
+
+    @staticmethod
+    def of(norm: nn.Module) -> _ChannelsFirstNorm | None:
+        params = list(norm.parameters(recurse=False))
+        if not params or any(True for _ in norm.children()) or any(
+                p.dim() != 4 or p.shape[0] != 1 or p.shape[2:] != (1, 1) or p.shape[1] != params[0].shape[1]
+                for p in params):
+            return None
+        return _ChannelsFirstNorm(norm, params)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])  # (N, C) -> a map (1, C, N, 1) -> back
+        return self.inner(rows.t()[None, :, :, None])[0, :, :, 0].t().reshape(x.shape)

@@ -51,6 +51,7 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import Norm, PositionBias
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.base import Adapter, declared_conventions
+from mha_verify.properties.adapters.context_probe import context_refused
 from mha_verify.properties.adapters.forward_source import (
     causal_buffer_length,
     detect_causal,
@@ -162,8 +163,15 @@ class StructuralAdapter(Adapter):
                           f"projection takes {p.w_o.shape[1]})")
         position_bias = layer_position_bias(module)
         sig = read_signature(module)
-        pre = input_norms(module, forward_sources(module)[0][1], sig.input, sig.context) \
+        source = forward_sources(module)[0][1]
+        pre = input_norms(module, source, sig.input, sig.context) \
             if sig.key is None else None  # a pre-norm of the layer's input (and its context)
+        # LookViT's: a context only where built for cross-attention (where its source does not say so already):
+        # verified as self-attention, its input's norm read as such
+        refused = self._context_refused(module, sig.input, sig.context) if sig.context is not None \
+            and library_of(module) != "torchtune" and not (pre is not None and pre.self_only) else ""
+        if refused and sig.key is None:
+            pre = input_norms(module, source, sig.input, None)
         pre_norm, context_norm = (None, None) if pre is None else (pre.norm, pre.context_norm)
         every = [name for name in self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm),
                                                    position_bias) if name not in learned]  # named above
@@ -215,6 +223,8 @@ class StructuralAdapter(Adapter):
         joint_note = ""
         if shared and pre is not None and pre.self_only:  # XCiT's join; a context norm not built
             shared, joint_note = False, pre.self_only
+        if shared and refused:
+            shared, joint_note = False, refused
         if shared and any(_JOINT.search(source) for _, source in forward_sources(module)):
             # joint attention (MotifVideo, SD3's kind): the context joins the sequence, it is not keys
             shared, joint_note = False, (f"joint attention: {sig.context} is concatenated to {sig.input} "
@@ -280,7 +290,7 @@ class StructuralAdapter(Adapter):
             notes=(f"adapter {self.name}", *(n for n in (self.reading_note(module),) if n), how,
                    *(() if buffer is None else (f"lengths up to {buffer[0]}: {buffer[1]} is sliced to the "
                                                 "sequence, so it takes no longer one",)),
-                   *(n for n in ("" if pre is None else _pre_norm_note(pre, sig.context),
+                   *(n for n in ("" if pre is None else _pre_norm_note(pre, None if refused else sig.context),
                                  scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
                    (note + "; " + fmt.describe()) if has_mask else f"forward({sig.input}) takes no mask"
@@ -406,6 +416,22 @@ class StructuralAdapter(Adapter):
 
         p = self.params(module)
         return read_layout(module, run, p.w_q.shape[1], p.w_q.dtype)
+
+    def _context_refused(self, module: nn.Module, input_name: str, context: str) -> str:
+        """:func:`context_probe.context_refused` with the layer's own call on x (2, 3, D) in its layout."""
+        p = self.params(module)
+        layout = self._layout(module)[0]
+
+        def run(with_context: bool) -> object:
+            x = torch.randn(2, 3, p.w_q.shape[1], generator=torch.Generator().manual_seed(0),
+                            dtype=torch.float64).to(p.w_q.dtype)
+            x = to_layer(x, layout)
+            kwargs: dict[str, object] = {input_name: x, **dict.fromkeys(given_none(module))}
+            if with_context:
+                kwargs[context] = x
+            return module.forward(**kwargs)  # not __call__: no hook of a check's sees a probe
+
+        return context_refused(module, context, input_name, run)
 
     @staticmethod
     def _in_layout(conv: Conventions, kwargs: dict[str, object], sig_names: tuple[str | None, ...]) -> None:

@@ -154,6 +154,18 @@ def _attends(cls: type) -> bool:
         return True  # unread: not claimed to compute none
 
 
+def pointwise(layer: object) -> bool:
+    """A 1x1 convolution (torch's Conv1d/2d/3d, kernel 1, stride 1, no padding, one group): a linear map of
+    each position's channels, weight (out, in, 1, ...), applied to a feature map (B, C, H, W) as a Linear to
+    (B, L, D). A wider kernel, a stride or groups mix positions or split channels: not a projection."""
+    if not isinstance(layer, nn.modules.conv._ConvNd) or layer.transposed or layer.groups != 1:
+        return False
+    padding = layer.padding
+    no_padding = padding == "valid" or (not isinstance(padding, str) and all(p == 0 for p in padding))
+    return all(k == 1 for k in layer.kernel_size) and all(s == 1 for s in layer.stride) \
+        and (no_padding or padding == "same")
+
+
 def convolution_projections(module: nn.Module) -> list[str]:
     """The q, k, v projections of ``module`` (children named for them: ``to_q``, ``to_kv``, ``qkv``)
     that are convolutions, or blocks that start with one (LeViT's ``Sequential(Conv2d, BatchNorm)``,
@@ -163,7 +175,7 @@ def convolution_projections(module: nn.Module) -> list[str]:
         if not _PROJECTION_NAME.search(name.removeprefix("to_")):
             continue
         first = child[0] if isinstance(child, nn.Sequential) and len(child) else child
-        convs = [m for m in first.modules() if isinstance(m, nn.modules.conv._ConvNd)]
+        convs = [m for m in first.modules() if isinstance(m, nn.modules.conv._ConvNd) and not pointwise(m)]
         if convs:
             found.append(f"{name}: {type(convs[0]).__name__}")
     return found
