@@ -178,3 +178,15 @@ def test_a_mask_turned_to_bool_is_drawn_as_bool_only(text: str) -> None:
     reading = read_mask((("its forward", text),), "attention_mask")
     assert reading.takes == frozenset({"bool"}) and reading.kind is None
     assert "a float one read as 1/0" in reading.how[0]
+
+
+def test_a_factory_returning_a_core_is_verified_inside_projections_with_what_the_core_declares() -> None:
+    target = load_target(CORES + "sdpa_core")
+    assert target.built_as.startswith(f"{CORES}sdpa_core -> SdpaCore inside projections the harness gives it")
+    assert not target.build(8, 2).conventions.cross_attention  # declared on the core, kept by its wrapper
+    for check in ("oracle_agreement", "head_split", "query_permutation"):
+        result = run_property(all_properties()[check], target, settings=PROFILES["quick"], seed=0)
+        assert result.verdict == "pass" and result.examples > 0, (check, result.reason)
+    result = run_property(all_properties()["oracle_agreement"], load_target(CORES + "sdpa_core_last_key_dropped"),
+                          settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "fail"

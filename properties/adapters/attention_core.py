@@ -87,8 +87,37 @@ def core_module(core: nn.Module) -> None:
                          "no attention core it can hold to the oracle")
 
 
+def in_projections(core: nn.Module, d_model: int, n_head: int) -> CoreInProjections | None:
+    """``core`` inside the harness's projections where it is an attention core (its forward takes q, k, v
+    and it has no parameters), its declared conventions (``mha_verify_conventions``) kept; None where it is
+    no core. A factory's module is wrapped so (``LocalAttention(window_size=128, autopad=True)``), a class
+    the construction plans build. ValueError from :func:`core_module` where it takes q, k, v and cannot be
+    held to the oracle."""
+    if not takes_heads(type(core)) or any(True for _ in core.parameters()):
+        return None
+    core_module(core)
+    wrapped = CoreInProjections(core, d_model, n_head, core_layout(type(core))[0])
+    declared = getattr(core, "mha_verify_conventions", None)
+    if declared is not None:
+        wrapped.mha_verify_conventions = declared
+    return wrapped
+
+
+def describe_core(call: str, cls: type, d_model: int) -> str:
+    """How a core was built, in words: ``call`` inside the harness's projections, its heads' layout and the
+    arguments of its forward it is not given."""
+    layout, how = core_layout(cls)
+    left = unfed(cls)
+    return (f"{call} inside projections the harness gives it (q_proj, k_proj, v_proj, out_proj of width {d_model}; "
+            f"heads laid out {LAYOUTS[layout]}, {how}"
+            + (f"; its {', '.join(left)} not given: where a core lays {'them' if len(left) > 1 else 'it'} "
+               "out is not read" if left else "") + ")")
+
+
 class CoreInProjections(nn.Module):
     """``core`` inside projections the harness gives it (see the module docstring)."""
+
+    mha_verify_conventions: object = None
 
     def __init__(self, core: nn.Module, d_model: int, n_head: int, layout: str) -> None:
         super().__init__()
@@ -113,4 +142,5 @@ class CoreInProjections(nn.Module):
         return self.out_proj(merged.reshape(query.shape[0], query.shape[1], -1))
 
 
-__all__ = ["CORE_NAMES", "LAYOUTS", "CoreInProjections", "core_layout", "core_module", "takes_heads", "unfed"]
+__all__ = ["CORE_NAMES", "LAYOUTS", "CoreInProjections", "core_layout", "core_module", "describe_core",
+           "in_projections", "takes_heads", "unfed"]

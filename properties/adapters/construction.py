@@ -35,12 +35,11 @@ from types import SimpleNamespace
 from torch import nn
 
 from mha_verify.properties.adapters.attention_core import (
-    LAYOUTS,
     CoreInProjections,
     core_layout,
     core_module,
+    describe_core,
     takes_heads,
-    unfed,
 )
 
 #: a constructor parameter's name -> the size it is given
@@ -267,12 +266,7 @@ class Construction:
         size = sizes_of(d_model, n_head, self.grouped)
         args = [f"{name}={size[role]}" for name, role in self.roles]
         if self.core is not None:
-            layout, how = self.core
-            left = unfed(self.cls)
-            return (f"{self.cls.__name__}({', '.join(args)}) inside projections the harness gives it (q_proj, k_proj, "
-                    f"v_proj, out_proj of width {d_model}; heads laid out {LAYOUTS[layout]}, {how}"
-                    + (f"; its {', '.join(left)} not given: where a core lays {'them' if len(left) > 1 else 'it'} "
-                       "out is not read" if left else "") + ")")
+            return describe_core(f"{self.cls.__name__}({', '.join(args)})", self.cls, d_model)
         if self.config is not None:
             name, config_cls = self.config
             if config_cls is None:

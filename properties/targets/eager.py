@@ -28,6 +28,7 @@ from torch import nn
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters import construction
+from mha_verify.properties.adapters.attention_core import CoreInProjections, describe_core, in_projections
 from mha_verify.properties.adapters.base import Adapter
 from mha_verify.properties.adapters.library_facts import KNOWN_LIBRARIES, library_of
 from mha_verify.properties.adapters.registry import find_adapter
@@ -323,6 +324,16 @@ def smoke_call(bound: Bound, spec: str) -> str | None:
     return None  # any other error with autograd on is the layer's, for the properties to find
 
 
+def _cores_wrapped(factory: Callable[[int, int], nn.Module]) -> Callable[[int, int], nn.Module]:
+    """``factory``, its module wrapped in the harness's projections where it is an attention core
+    (:func:`attention_core.in_projections`): a user's factory for a core is the core's constructor call."""
+    def build(d_model: int, n_head: int) -> nn.Module:
+        module = factory(d_model, n_head)
+        wrapped = in_projections(module, d_model, n_head) if isinstance(module, nn.Module) else None
+        return module if wrapped is None else wrapped
+    return build
+
+
 def load_target(spec: str | None = None, *, adapter: str | None = None) -> Target:
     """Resolve SPEC (default: the reference), check that it builds at a small size and that one
     forward runs there (:func:`smoke_call`)."""
@@ -336,7 +347,7 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
         plan, factory = construction.choose(obj, *PROBE_SIZES)
         built_as = plan.describe(*PROBE_SIZES)
     elif callable(obj):
-        factory = obj
+        factory = _cores_wrapped(obj)
     else:
         raise TargetError(f"{spec} is a {type(obj).__name__}, not an nn.Module class or a factory")
     target = Target(spec, factory, adapter, built_as=built_as, plan=plan)
@@ -345,6 +356,9 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
         bound.conventions  # noqa: B018 -- a declaration with an unknown key raises here
     except ValueError as exc:
         raise TargetError(str(exc)) from None
+    if plan is None and isinstance(bound.module, CoreInProjections):
+        target.built_as = describe_core(f"{spec} -> {type(bound.module.core).__name__}", type(bound.module.core),
+                                        bound.d_model)
     target.grads_refused = smoke_call(bound, spec)
     target.mask_refused = mask_smoke(bound)
     return target
