@@ -160,3 +160,13 @@ def test_a_constructor_wrapped_without_functools_wraps_is_read_through_its_closu
     assert list(constructor_signature(Wrapped).parameters) == ["hidden_size", "num_heads", "layer_idx"]
     plan = plans(Wrapped)[0]
     assert not plan.positional and plan.build(8, 2).sizes == (8, 2, 0)
+
+
+def test_a_channel_count_a_length_and_a_group_norm_count_that_fails_at_its_default_are_filled() -> None:
+    # at its default of 32 groups GroupNorm refuses 8 channels: the next plan builds it with one group
+    target = load_target(FIXTURE + "GroupNormedChannels")
+    assert target.built_as == "GroupNormedChannels(n_channels=8, seq_len=1024, n_heads=2, n_groups=1)"
+    first, second = construction.plans(constructors.GroupNormedChannels)
+    assert "n_groups" not in dict(first.roles) and dict(second.roles)["n_groups"] == "one"
+    module = target.build(16, 4).module
+    assert (module.norm.num_groups, module.seq_len) == (1, 1024)

@@ -45,7 +45,7 @@ from mha_verify.properties.adapters.attention_core import (
 #: a constructor parameter's name -> the size it is given
 PARAMETER_ROLES: dict[str, str] = {
     **dict.fromkeys(("d_model", "embed_dim", "hidden_size", "dim", "query_dim", "n_embd", "embed_size",
-                     "model_dim", "hidden_dim", "n_state", "emb_size"), "d_model"),
+                     "model_dim", "hidden_dim", "n_state", "emb_size", "n_channels", "channels"), "d_model"),
     **dict.fromkeys(("n_head", "num_heads", "heads", "n_heads", "num_attention_heads", "nhead",
                      "attention_heads"), "n_head"),
     **dict.fromkeys(("head_dim", "dim_head", "attention_head_dim", "d_head", "head_size", "d_k", "dim_key",
@@ -72,9 +72,16 @@ REQUIRED_ROLES: dict[str, str] = {
     **dict.fromkeys(("r", "lora_r", "lora_rank"), "one"),
     # a fused kernel's switch (LightGlue's ``Attention(allow_flash)``): the plain path, whose steps are read
     **dict.fromkeys(("allow_flash", "use_flash", "flash"), "false"),
+    # a longest sequence the layer is built for (memory-efficient-attention's ``CosineSimAttention(seq_len)``
+    # sets its scale's start from it; a causal buffer of that size is read as the layer's max_length)
+    **dict.fromkeys(("seq_len", "max_seq_len", "max_len", "max_seq_length", "block_size", "n_ctx",
+                     "context_length", "max_length"), "length"),
 }
+#: a group norm's group count: where its default divides no small width (labml's ``AttentionBlock(n_groups=32)``
+#: at 8 channels), the layer is built again with one group (:func:`plans`)
+NORM_GROUP_NAMES = ("n_groups", "num_groups", "norm_num_groups", "norm_groups", "groupnorm_groups")
 #: roles that are not sizes: a plan of these alone names no size of the layer
-_NOT_SIZES = ("position_bias", "one", "false", "true", "zero")
+_NOT_SIZES = ("position_bias", "one", "false", "true", "zero", "length")
 CONFIG_NAMES = ("config", "cfg", "args")
 #: a config field -> the size it is set to, where the library's config has the field
 CONFIG_ROLES: dict[str, str] = {
@@ -98,7 +105,7 @@ def sizes_of(d_model: int, n_head: int, grouped: bool = True) -> dict[str, int]:
     H is even and ``grouped`` (grouped-query attention gets exercised), else H."""
     return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
             "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True, "one": 1,
-            "false": False, "true": True, "zero": 0}
+            "false": False, "true": True, "zero": 0, "length": 1024}
 
 
 def config_for(d_model: int, n_head: int) -> SimpleNamespace:
@@ -302,7 +309,20 @@ def constructor_signature(cls: type) -> inspect.Signature:
 
 
 def plans(cls: type) -> list[Construction]:
-    """The ways to build ``cls``, to be tried in order (one per candidate config class)."""
+    """The ways to build ``cls``, to be tried in order (one per candidate config class; then each with one
+    group for a group norm whose count it takes, :data:`NORM_GROUP_NAMES`)."""
+    found = _plans(cls)
+    try:
+        params = constructor_signature(cls).parameters
+    except (TypeError, ValueError):
+        return found
+    groups = tuple((name, "one") for name, p in params.items() if name in NORM_GROUP_NAMES and p.default is not p.empty)
+    if not groups:
+        return found
+    return found + [dataclasses.replace(plan, roles=plan.roles + groups) for plan in found if not plan.positional]
+
+
+def _plans(cls: type) -> list[Construction]:
     try:
         params = [p for p in constructor_signature(cls).parameters.values()
                   if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
