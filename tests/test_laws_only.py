@@ -48,6 +48,8 @@ def _run(spec: str, check: str) -> CheckResult:
     (SOURCE + "WithResidual", "its input added back to its output (a residual: `x_res = x`)",
      False),
     (LAWS + "CosineSim", "a scoring of its own (its forward computes cosine-similarity attention", False),
+    # its per-head gains q_scale, k_scale are parameters no step names: held as if positional (permutations n/a)
+    (LAWS + "NormalizedCosine", "a scoring of its own (its forward computes cosine-similarity attention", True),
     (SHAPE + "CosineSim", "a scoring of its own (its forward computes cosine-similarity attention", False),
     (SHAPE + "LinearKernel", "a scoring of its own (its forward computes linear attention", False),
     ("tests/fixtures/kv_layers.py:LearnedQueryScale", "a learned scale of its queries (scaling)", False),
@@ -83,6 +85,7 @@ def test_a_positional_step_leaves_the_permutation_laws_n_a_naming_it() -> None:
     ("GatedMasked", "GatedMaskedPooled", ("masked_kv_invariance",)),
     ("RelativeCausal", "RelativeCausalLeak", ("no_future_leak", "prefix_consistency")),
     ("CosineSim", "CosineSimBatchNorm", ("batch_independence",)),
+    ("NormalizedCosine", "NormalizedCosineBatchNorm", ("batch_independence",)),
 ])
 def test_each_correct_layer_keeps_the_laws_and_its_twin_breaks_one(correct: str, twin: str,
                                                                    laws: tuple[str, ...]) -> None:

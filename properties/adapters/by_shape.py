@@ -25,6 +25,7 @@ import weakref
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters.head_count import head_count_source, n_head_of
@@ -85,11 +86,16 @@ def _parameter_linears(module: nn.Module) -> dict[str, nn.Module]:
 
 def _wrapped_linear(child: nn.Module) -> nn.Module | None:
     """The one linear of a projection wrapper (labml's ``PrepareForMultiHeadAttention``: a Linear, then
-    a view into heads): a module with no parameters of its own and exactly one submodule, linear-like;
+    a view into heads; normalized ViT's ``NormLinear``: a Linear whose weight is parametrized): a module with
+    no parameters of its own and exactly one submodule, linear-like, besides its weight's parametrization;
     None for anything else (a LoRA wrapper's extra weights, a norm beside the linear)."""
     if isinstance(child, (nn.ModuleList, nn.Sequential)) or any(True for _ in child.parameters(recurse=False)):
         return None
-    inner = [m for m in child.modules() if m is not child]
+    # a parametrization of the linear's weight (normalized ViT's ``NormLinear``: its weight L2-normalized by
+    # ``parametrize``) computes the weight the linear applies, which ``weight`` gives: not a module of its own
+    parts = {id(m) for owner in child.modules() if parametrize.is_parametrized(owner)
+             for m in owner.parametrizations.modules()}
+    inner = [m for m in child.modules() if m is not child and id(m) not in parts]
     return inner[0] if len(inner) == 1 and _linear_like(inner[0]) else None
 
 
