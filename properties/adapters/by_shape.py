@@ -94,7 +94,7 @@ def _wrapped_linear(child: nn.Module) -> nn.Module | None:
     # a parametrization of the linear's weight (normalized ViT's ``NormLinear``: its weight L2-normalized by
     # ``parametrize``) computes the weight the linear applies, which ``weight`` gives: not a module of its own
     parts = {id(m) for owner in child.modules() if parametrize.is_parametrized(owner)
-             for m in owner.parametrizations.modules()}
+             and isinstance(found := getattr(owner, "parametrizations", None), nn.Module) for m in found.modules()}
     inner = [m for m in child.modules() if m is not child and id(m) not in parts]
     return inner[0] if len(inner) == 1 and _linear_like(inner[0]) else None
 

@@ -16,6 +16,7 @@ import inspect
 import math
 import re
 import weakref
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -268,11 +269,11 @@ class _ChannelsFirstNorm(nn.Module):
     as a norm of rows (..., C), for :func:`read_norm`'s probe and the oracle: its gain and bias as (C,) views
     of the live parameters, its epsilon its own."""
 
-    def __init__(self, norm: nn.Module, params: list[torch.Tensor]) -> None:
+    def __init__(self, norm: nn.Module, params: Sequence[torch.Tensor]) -> None:
         super().__init__()
         self.inner = norm
         self.width = int(params[0].shape[1])
-        named = dict(norm.named_parameters(recurse=False))
+        named: dict[str, torch.Tensor] = dict(norm.named_parameters(recurse=False))
         gain = next((named[n] for n in ("weight", "g", "gamma", "scale") if n in named), None)
         shift = next((named[n] for n in ("bias", "b", "beta", "shift") if n in named), None)
         if gain is None and shift is None and len(params) == 1:

@@ -169,13 +169,17 @@ def pointwise(layer: object) -> bool:
 def convolution_projections(module: nn.Module) -> list[str]:
     """The q, k, v projections of ``module`` (children named for them: ``to_q``, ``to_kv``, ``qkv``)
     that are convolutions, or blocks that start with one (LeViT's ``Sequential(Conv2d, BatchNorm)``,
-    RvT's ``SpatialConv``), each as ``name: Conv2d``: attention over a feature map's positions."""
+    RvT's ``SpatialConv``), each as ``name: Conv2d``: attention over a feature map's positions. A 1x1
+    convolution alone, or followed only by dropout, is a projection (:func:`pointwise`), not one of them."""
     found = []
     for name, child in module.named_children():
         if not _PROJECTION_NAME.search(name.removeprefix("to_")):
             continue
-        first = child[0] if isinstance(child, nn.Sequential) and len(child) else child
-        convs = [m for m in first.modules() if isinstance(m, nn.modules.conv._ConvNd) and not pointwise(m)]
+        parts = list(child) if isinstance(child, nn.Sequential) else [child]
+        if parts and pointwise(parts[0]) and all(
+                isinstance(m, (nn.modules.dropout._DropoutNd, nn.Identity)) for m in parts[1:]):
+            continue
+        convs = [m for m in (parts or [child])[0].modules() if isinstance(m, nn.modules.conv._ConvNd)]
         if convs:
             found.append(f"{name}: {type(convs[0]).__name__}")
     return found
