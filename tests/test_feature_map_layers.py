@@ -63,3 +63,12 @@ def test_a_layer_norm_of_its_own_over_the_channels_is_applied_by_the_oracle() ->
 def test_a_feature_map_is_read_where_d_equals_a_probe_axis(d_model: int) -> None:
     # at (2, 3, 5, D = 3) a channels-first layer would take the last axis's 3 for its channels
     assert load_target(FIXTURE + "ConvProjected").build(d_model, 1).conventions.layout == "BD1L"
+
+
+def test_a_layer_that_raises_on_every_call_says_what_it_raised_on_a_feature_map() -> None:
+    # the 3-D call's unpacking error says nothing; on a map, the layer's own multi-head bug shows
+    with pytest.raises(TargetError) as info:
+        load_target(FIXTURE + "MapBlockViewBug")
+    message = str(info.value)
+    assert "raised ValueError: not enough values to unpack" in message
+    assert "as (2, D, 1, 3) it raised RuntimeError: view size is not compatible" in message

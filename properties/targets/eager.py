@@ -30,6 +30,7 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters import construction
 from mha_verify.properties.adapters.attention_core import CoreInProjections, describe_core, in_projections
 from mha_verify.properties.adapters.base import Adapter
+from mha_verify.properties.adapters.layout_probe import to_layer
 from mha_verify.properties.adapters.library_facts import KNOWN_LIBRARIES, library_of
 from mha_verify.properties.adapters.registry import find_adapter
 from mha_verify.properties.loading import load_attr
@@ -312,7 +313,7 @@ def smoke_call(bound: Bound, spec: str) -> str | None:
         step = f" takes {conv.beyond}, a step beyond the attention the oracle models, and" if conv.beyond else ""
         raise TargetError(f"{spec}:{step} one forward at (d_model={bound.d_model}, n_head={bound.n_head}) on q = k "
                           f"= v of shape (2, 3, {bound.d_model}), no mask{f' ({given})' if given else ''}, raised "
-                          f"{type(exc).__name__}: {first}; nothing can be checked") from None
+                          f"{type(exc).__name__}: {first}{_as_grid(bound, x, exc)}; nothing can be checked") from None
     try:
         bound(x.requires_grad_(), x, x)
     except NotApplicable:
@@ -322,6 +323,28 @@ def smoke_call(bound: Bound, spec: str) -> str | None:
         if _AUTOGRAD_REFUSED.search(first):
             return f"{type(exc).__name__}: {first}"
     return None  # any other error with autograd on is the layer's, for the properties to find
+
+
+def _as_grid(bound: Bound, x: torch.Tensor, exc: BaseException) -> str:
+    """Where a layer read as batch-first raised on (2, 3, D), what its forward raises on the same sequence as
+    one row of a 4-D input, features last (2, 1, 3, D) and channels first (2, D, 1, 3): every call raising, the
+    layout probe read nothing, and the error a feature-map layer gives on a map is the one its user needs
+    (labml's DDPM block: a view its multi-head path cannot take), not the 3-D call's unpacking error."""
+    if bound.conventions.layout != "batch_first" or bound.adapter.name != "by_shape":
+        return ""
+    said = []
+    for layout in ("B1LD", "BD1L"):
+        shape = ", ".join({"B": "2", "L": "3", "1": "1", "D": "D"}[a] for a in layout)
+        try:
+            with torch.no_grad():
+                bound.module.forward(to_layer(x, layout))
+        except Exception as other:  # the layer's own error is what is said
+            words = (str(other).strip().splitlines() or [""])[0][:160]
+            if (type(other), words) != (type(exc), (str(exc).strip().splitlines() or [""])[0][:160]):
+                said.append(f"as ({shape}) it raised {type(other).__name__}: {words}")
+            continue
+        said.append(f"as ({shape}) it runs")
+    return f" (as one row of a 4-D input, {'; '.join(said)})" if said else ""
 
 
 def _cores_wrapped(factory: Callable[[int, int], nn.Module]) -> Callable[[int, int], nn.Module]:
