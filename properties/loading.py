@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 from mha_verify.properties.protocol import TargetError
+from mha_verify.properties.stand_ins import CUDA_ONLY_WHEELS, missing_wheel, standing_in
 
 
 def load_attr(spec: str) -> object:
@@ -55,11 +56,17 @@ def load_attr(spec: str) -> object:
             module = importlib.import_module(where)
         except (Exception, SystemExit) as exc:
             alone = _module_alone(where) if isinstance(exc, (ImportError, RuntimeError)) else None
+            how = f"with its packages' __init__ skipped ({'' if alone is None else alone.__file__})"
+            missing = missing_wheel(exc)
+            if alone is None and missing is not None:
+                alone = _with_stand_ins(where)
+                how = (f"with {', '.join(CUDA_ONLY_WHEELS)} as stand-ins that raise when called (their PyPI wheels do "
+                       "not load with the CPU torch; an attention layer that calls them fails there, naming them)")
             if alone is None:
                 raise TargetError(f"cannot import {where!r}: {type(exc).__name__}: {exc}{_hint(exc)}") from None
             module = alone
             print(f"mha-verify: note: importing {where!r} failed ({type(exc).__name__}: {exc}); it was imported "
-                  f"with its packages' __init__ skipped ({module.__file__})", file=sys.stderr)
+                  f"{how}", file=sys.stderr)
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -68,15 +75,22 @@ def load_attr(spec: str) -> object:
     return obj
 
 
-#: packages whose PyPI wheels for our torch are CUDA builds that do not load with the CPU torch
-_CUDA_ONLY_WHEELS = ("torchvision", "torchaudio")
+def _with_stand_ins(where: str) -> types.ModuleType | None:
+    """``where`` imported with torchvision and torchaudio standing in (:mod:`stand_ins`), whole or with its
+    packages' ``__init__`` skipped; None where it fails so too (it subclasses what it imports, say)."""
+    with standing_in():
+        try:
+            return importlib.import_module(where)
+        except (Exception, SystemExit):
+            for name in [n for n in sys.modules if n == where.split(".")[0] or n.startswith(where.split(".")[0] + ".")]:
+                del sys.modules[name]
+            return _module_alone(where)
 
 
 def _hint(exc: BaseException) -> str:
     """What to do where the import failed on torchvision or torchaudio (many libraries import them in
     their package's __init__ only, for transforms their attention layers never use)."""
-    text = str(exc)
-    missing = next((p for p in _CUDA_ONLY_WHEELS if p in text), None)
+    missing = missing_wheel(exc)
     if missing is None:
         return ""
     return (f"; PyPI's {missing} for torch 2.13 is a CUDA build that does not load with the CPU torch: install the "
