@@ -33,6 +33,8 @@ from mha_verify.properties.adapters.base import Adapter
 from mha_verify.properties.adapters.layout_probe import to_layer
 from mha_verify.properties.adapters.library_facts import KNOWN_LIBRARIES, library_of
 from mha_verify.properties.adapters.registry import find_adapter
+from mha_verify.properties.adapters.signature import read_signature
+from mha_verify.properties.adapters.structural import given_none
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
@@ -333,11 +335,13 @@ def _as_grid(bound: Bound, x: torch.Tensor, exc: BaseException) -> str:
     if bound.conventions.layout != "batch_first" or bound.adapter.name != "by_shape":
         return ""
     said = []
+    given = dict.fromkeys(given_none(bound.module))  # as the 3-D call had them: None where no role is read
+    first = read_signature(bound.module).input
     for layout in ("B1LD", "BD1L"):
         shape = ", ".join({"B": "2", "L": "3", "1": "1", "D": "D"}[a] for a in layout)
         try:
             with torch.no_grad():
-                bound.module.forward(to_layer(x, layout))
+                bound.module.forward(**{first: to_layer(x, layout)}, **given)
         except Exception as other:  # the layer's own error is what is said
             words = (str(other).strip().splitlines() or [""])[0][:160]
             if (type(other), words) != (type(exc), (str(exc).strip().splitlines() or [""])[0][:160]):
