@@ -34,12 +34,22 @@ def test_a_layer_read_from_what_it_shows_passes_and_its_twin_fails(layer: str, t
     assert _verdicts(twin, ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+def test_a_bool_mask_turned_additive_in_two_lines_is_read_as_torch_mhas_and_its_twin_fails() -> None:
+    checks = ("oracle_agreement", "bool_equals_additive", "masked_kv_invariance")
+    assert _verdicts("ParamInProjTwoLines", checks) == dict.fromkeys(checks, "pass")
+    assert _verdicts("ParamInProjTwoLinesKeepsWhereTrue", ("bool_equals_additive",)) == {"bool_equals_additive": "fail"}
+
+
 def test_the_head_count_and_mask_are_said_where_they_were_read() -> None:
     notes = " ".join(load_target(FIXTURE + "AttrHeads").build(8, 2).conventions.notes)
     assert "head count from its split of the projections into heads (self.h)" in notes
     assert "shaped (B, Lq, Lk), a head axis put in by the layer (`mask = mask.unsqueeze(1)`" in notes
     notes = " ".join(load_target(FIXTURE + "ParamInProj").build(8, 2).conventions.notes)
     assert "(in_proj_weight, out_proj)" in notes and "torch MHA's convention" in notes
+    # open_clip writes the conversion in two lines: read the same (it once read as SDPA's, True = keep)
+    notes = " ".join(load_target(FIXTURE + "ParamInProjTwoLines").build(8, 2).conventions.notes)
+    assert "torch MHA's convention (`new_attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype) " \
+           "new_attn_mask.masked_fill_(attn_mask,` in its forward)" in notes
     notes = " ".join(load_target(FIXTURE + "SharedQK").build(8, 2).conventions.notes)
     assert "head count from its einops split" in notes
 

@@ -83,7 +83,11 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
         "shared": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*0\s*\)"),
         # torch MHA's own conversion written out: a bool mask turned into an additive one where True, a
         # float mask added as it is (``zeros_like(mask, dtype=q.dtype).masked_fill_(mask, float("-inf"))``)
-        "bool_to_additive": re.compile(rf"zeros_like\(\s*{m}\b[^\n]*\.masked_fill_?\(\s*{m}\s*,"),
+        # or in two lines (open_clip's ``new = torch.zeros_like(mask, dtype=q.dtype)``, then
+        # ``new.masked_fill_(mask, float("-inf"))``)
+        "bool_to_additive": re.compile(rf"zeros_like\(\s*{m}\b[^\n]*\.masked_fill_?\(\s*{m}\s*,"
+                                       rf"|\b(\w+)\s*=\s*(?:torch\.)?zeros_like\(\s*{m}\b[^\n]*\n\s*\1\.masked_fill_?\("
+                                       rf"\s*{m}\s*,"),
         # the Annotated Transformer's ``mask = mask.unsqueeze(1)``: a head axis put in a (B, Lq, Lk) mask
         "per_item": re.compile(rf"\b{m}\s*=\s*{m}\.unsqueeze\(\s*1\s*\)"),
         "square": re.compile(rf"\b{m}\s*\[\s*:[^,\]\[]*(?:\[[^\]]*\][^,\]\[]*)?,\s*:[^\]\[]*(?:\[[^\]]*\][^\]\[]*)?\]"),
@@ -121,7 +125,7 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
         for place, source in sources:
             hit = pattern.search(source)
             if hit:
-                return f"`{hit.group(0).strip()}` in {place}"
+                return f"`{' '.join(hit.group(0).split())}` in {place}"
         return ""
 
     if p["queries_too"].search(text):
