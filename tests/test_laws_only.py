@@ -163,3 +163,13 @@ def test_a_rotary_of_its_own_is_drawn_at_even_head_widths_only() -> None:
     assert conv.beyond_positional and conv.head_dim_multiple == 2 and "head widths a multiple of 2" in conv.describe()
     result = _run(LAWS + "OwnRotary", "batch_independence")
     assert result.verdict == "pass" and result.examples >= 5, result
+
+
+def test_a_scoring_behind_a_branch_this_instance_skips_is_not_read_as_its_own() -> None:
+    # open_clip's: cosine attention under ``if self.logit_scale is not None:``, None as built by default
+    conv = load_target(LAWS + "CosineOptIn").build(8, 2).conventions
+    assert conv.beyond is None
+    assert _run(LAWS + "CosineOptIn", "oracle_agreement").verdict == "pass"
+    assert _run(LAWS + "CosineOptInKeysValuesSwapped", "oracle_agreement").verdict == "fail"
+    on = load_target(LAWS + "cosine_opt_in_on").build(8, 2).conventions
+    assert on.beyond is not None and "cosine-similarity attention" in on.beyond

@@ -286,12 +286,68 @@ LAWFUL_OPERATORS = frozenset(what for _, what in _OTHER_OPERATORS_UNKNOWN)
 
 
 def other_operator(module: nn.Module) -> str:
-    """What the layer's source shows it computes instead of softmax attention over every key, or ""."""
+    """What the layer's source shows it computes instead of softmax attention over every key, or "". For
+    a layer of a library the harness has no facts about, its forward is read as this instance runs it
+    (:func:`taken`): open_clip's cosine attention under ``if self.logit_scale is not None:`` is not what a
+    layer built without it computes."""
     sources = forward_sources(module)
     found = read_sources(sources).other_operator
     if found or library_of(module) in {library for library, _ in recognition.LIBRARY_FORMATS}:
         return found
-    return _unknown_operator(sources)
+    return _unknown_operator(tuple((where, taken(module, text) if i == 0 else text)
+                                   for i, (where, text) in enumerate(sources)))
+
+
+_UNSET = object()
+
+
+def _decided(module: nn.Module, test: ast.expr) -> bool | None:
+    """Whether ``test`` holds for this instance where it reads one attribute of it only: ``self.flag`` and
+    ``not self.flag`` (a bool), ``self.x is None``, ``self.x is not None``, lucidrains' ``exists(self.x)``;
+    None where it reads anything else."""
+    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    inner = test.operand if isinstance(test, ast.UnaryOp) and negated else test
+    if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Name) and inner.func.id == "exists" \
+            and len(inner.args) == 1:  # exists(self.x): self.x is not None
+        inner = ast.Compare(inner.args[0], [ast.IsNot()], [ast.Constant(None)])
+    if isinstance(inner, ast.Compare) and len(inner.ops) == 1 and isinstance(inner.ops[0], (ast.Is, ast.IsNot)) \
+            and isinstance(inner.comparators[0], ast.Constant) and inner.comparators[0].value is None:
+        value = _attribute(module, inner.left)
+        if value is _UNSET:
+            return None
+        held = (value is None) == isinstance(inner.ops[0], ast.Is)
+    else:
+        value = _attribute(module, inner)
+        if not isinstance(value, bool):
+            return None
+        held = value
+    return not held if negated else held
+
+
+def _attribute(module: nn.Module, node: ast.expr) -> object:
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return getattr(module, node.attr, _UNSET)
+    return _UNSET
+
+
+def taken(module: nn.Module, source: str) -> str:
+    """``source`` (``module``'s forward) without the branches this instance never takes (:func:`_decided`:
+    the body of an ``if`` whose test is false, the ``else`` of one whose test is true); the source as it is
+    where it does not parse."""
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return source
+
+    class _Prune(ast.NodeTransformer):
+        def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt]:
+            self.generic_visit(node)
+            held = _decided(module, node.test)
+            if held is None:
+                return node
+            return (node.body if held else node.orelse) or [ast.Pass()]
+
+    return ast.unparse(_Prune().visit(tree))
 
 
 @functools.lru_cache(maxsize=256)
