@@ -11,6 +11,7 @@ import functools
 import inspect
 import re
 import textwrap
+import weakref
 from typing import NamedTuple
 
 from torch import nn
@@ -330,10 +331,20 @@ def _attribute(module: nn.Module, node: ast.expr) -> object:
     return _UNSET
 
 
+_TAKEN: weakref.WeakKeyDictionary[nn.Module, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
 def taken(module: nn.Module, source: str) -> str:
     """``source`` (``module``'s forward) without the branches this instance never takes (:func:`_decided`:
     the body of an ``if`` whose test is false, the ``else`` of one whose test is true); the source as it is
-    where it does not parse."""
+    where it does not parse. Read once per module: its conventions are read at every call."""
+    read = _TAKEN.setdefault(module, {})
+    if source not in read:
+        read[source] = _taken(module, source)
+    return read[source]
+
+
+def _taken(module: nn.Module, source: str) -> str:
     try:
         tree = ast.parse(textwrap.dedent(source))
     except SyntaxError:
