@@ -19,7 +19,8 @@ from tests.source_modules import source_modules
 ALLOWED: dict[str, set[str]] = {
     "mha": set(),                                                       # formulas, the reference module
     "properties.protocol": {"mha"},                                     # the typed target protocol
-    "properties.loading": {"properties.protocol"},                      # FILE.py:NAME / module:NAME
+    "properties.stand_ins": set(),                                      # torchvision/torchaudio stand-ins
+    "properties.loading": {"properties.protocol", "properties.stand_ins"},  # FILE.py:NAME / module:NAME
     "properties.strategies": {"mha"},                                   # Hypothesis strategies
     "properties.adapters": {"mha", "properties.protocol", "properties.loading"},
     "properties.targets": {"mha", "properties.protocol", "properties.loading", "properties.adapters"},
