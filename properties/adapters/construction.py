@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import sys
 import types
 import typing
@@ -76,12 +77,19 @@ REQUIRED_ROLES: dict[str, str] = {
     # sets its scale's start from it; a causal buffer of that size is read as the layer's max_length)
     **dict.fromkeys(("seq_len", "max_seq_len", "max_len", "max_seq_length", "block_size", "n_ctx",
                      "context_length", "max_length"), "length"),
+    # a window of positions (MONAI's Swin ``WindowAttention(window_size)``, a local attention's keys per
+    # window): 4, or (4, 4) where the annotation says a sequence of sizes; a table sized for the window
+    # is read as the layer's (lengths up to 16 then: :mod:`bias_tables`)
+    **dict.fromkeys(("window_size", "window", "win_size"), "window"),
 }
+#: the window a window role gets, one size per axis where the constructor takes a sequence
+WINDOW = 4
+_SEQUENCE_ANNOTATION = re.compile(r"\b(?:Sequence|tuple|Tuple|list|List)\b")
 #: a group norm's group count: where its default divides no small width (labml's ``AttentionBlock(n_groups=32)``
 #: at 8 channels), the layer is built again with one group (:func:`plans`)
 NORM_GROUP_NAMES = ("n_groups", "num_groups", "norm_num_groups", "norm_groups", "groupnorm_groups")
 #: roles that are not sizes: a plan of these alone names no size of the layer
-_NOT_SIZES = ("position_bias", "one", "false", "true", "zero", "length")
+_NOT_SIZES = ("position_bias", "one", "false", "true", "zero", "length", "window", "windows")
 CONFIG_NAMES = ("config", "cfg", "args")
 #: a config field -> the size it is set to, where the library's config has the field
 CONFIG_ROLES: dict[str, str] = {
@@ -105,7 +113,19 @@ def sizes_of(d_model: int, n_head: int, grouped: bool = True) -> dict[str, int]:
     H is even and ``grouped`` (grouped-query attention gets exercised), else H."""
     return {"d_model": d_model, "n_head": n_head, "head_dim": d_model // n_head, "layer_idx": 0,
             "kv_heads": n_head // 2 if grouped and n_head % 2 == 0 else n_head, "position_bias": True, "one": 1,
-            "false": False, "true": True, "zero": 0, "length": 1024}
+            "false": False, "true": True, "zero": 0, "length": 1024, "window": WINDOW}
+
+
+def role_value(size: dict[str, int], role: str) -> object:
+    """What a parameter of ``role`` is given at ``size`` (:func:`sizes_of`): a window per axis for
+    "windows", the size otherwise."""
+    return (WINDOW, WINDOW) if role == "windows" else size[role]
+
+
+def _role(p: inspect.Parameter, role: str) -> str:
+    """``role``, or "windows" for a window whose annotation is a sequence (``Sequence[int]``)."""
+    annotation = p.annotation if isinstance(p.annotation, str) else repr(p.annotation)
+    return "windows" if role == "window" and _SEQUENCE_ANNOTATION.search(annotation) else role
 
 
 def config_for(d_model: int, n_head: int) -> SimpleNamespace:
@@ -224,7 +244,7 @@ class Construction:
         if self.positional:
             return self.cls(d_model, n_head)
         size = sizes_of(d_model, n_head, self.grouped)
-        kwargs: dict[str, object] = {name: size[role] for name, role in self.roles}
+        kwargs: dict[str, object] = {name: role_value(size, role) for name, role in self.roles}
         if self.core is not None:
             core = self.cls(**kwargs)
             core_module(core)
@@ -253,7 +273,7 @@ class Construction:
         if self.positional:
             return {**where, "args": [d_model, n_head]}
         size = sizes_of(d_model, n_head, self.grouped)
-        recipe: dict[str, object] = {**where, "kwargs": {name: size[role] for name, role in self.roles}}
+        recipe: dict[str, object] = {**where, "kwargs": {name: role_value(size, role) for name, role in self.roles}}
         if self.config is not None:
             name, config_cls = self.config
             if config_cls is None:
@@ -271,7 +291,7 @@ class Construction:
         if self.positional:
             return f"{self.cls.__name__}({d_model}, {n_head})"
         size = sizes_of(d_model, n_head, self.grouped)
-        args = [f"{name}={size[role]}" for name, role in self.roles]
+        args = [f"{name}={role_value(size, role)}" for name, role in self.roles]
         if self.core is not None:
             return describe_core(f"{self.cls.__name__}({', '.join(args)})", self.cls, d_model)
         if self.config is not None:
@@ -333,7 +353,8 @@ def _plans(cls: type) -> list[Construction]:
             and all(p.name in REQUIRED_ROLES for p in required):
         # an attention core: no size of its own to give (SAM's ``Attention(embedding_dim, num_heads)`` takes
         # q, k, v too, and has its projections), its defaults kept, sizes the harness's projections'
-        return [Construction(cls, tuple((p.name, REQUIRED_ROLES[p.name]) for p in required), core=core_layout(cls))]
+        return [Construction(cls, tuple((p.name, _role(p, REQUIRED_ROLES[p.name])) for p in required),
+                             core=core_layout(cls))]
     roles: list[tuple[str, str]] = []
     config: inspect.Parameter | None = None
     unknown: list[str] = []
@@ -343,7 +364,7 @@ def _plans(cls: type) -> list[Construction]:
         elif p.name in CONFIG_NAMES and config is None:
             config = p
         elif p.default is p.empty and p.name in REQUIRED_ROLES:
-            roles.append((p.name, REQUIRED_ROLES[p.name]))
+            roles.append((p.name, _role(p, REQUIRED_ROLES[p.name])))
         elif p.default is p.empty:
             unknown.append(p.name)
     if unknown or (not any(role not in _NOT_SIZES for _, role in roles) and config is None):

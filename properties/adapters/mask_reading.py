@@ -48,6 +48,9 @@ class MaskReading:
 
 #: what may follow the mask's name before it is used: ``.unsqueeze(1)``, ``.bool()``, ``[:, None]``
 _CHAIN = r"(?:\.\w+\([^()]*\)|\[[^\]]*\])*"
+# what leaves an added mask the bias it was: a reshape or a cast (MONAI's Swin windows add
+# ``mask.unsqueeze(1).unsqueeze(0)``), never a reduction or another method
+_RESHAPES = r"(?:\.(?:unsqueeze|view|reshape|expand|expand_as|to|type_as|float|half|contiguous)\([^()]*\))*"
 
 
 def _name(name: str, others: tuple[str, ...]) -> str:
@@ -66,7 +69,8 @@ def _patterns(name: str, others: tuple[str, ...] = ()) -> dict[str, re.Pattern[s
                            rf"|torch\.logical_not\(\s*{m}\s*\)|{m}\s*==\s*False\b)|\.where\(\s*{m}\s*,"
                            rf"|torch\.where\(\s*{m}\s*,\s*\w+\s*,"),
         "drop": re.compile(rf"masked_fill_?\(\s*{m}{c}\s*,"),
-        "additive": re.compile(rf"[+]\s*=?\s*{m}\b(?!\s*\.)|\b{m}\s*(?:\[[^\]]*\]\s*)?\+(?!\+)|[+]\s*{m}\s*\["),
+        "additive": re.compile(rf"[+]\s*=?\s*{m}\b{_RESHAPES}(?!\s*\.)|\b{m}\s*(?:\[[^\]]*\]\s*)?\+(?!\+)"
+                               rf"|[+]\s*{m}\s*\["),
         # masked weights zeroed after the exponential (a tiled softmax's ``exp.masked_fill_(~mask, 0.)``):
         # a fully masked row sums to 0 and gives zeros, whatever the fill before
         "zeroed": re.compile(rf"\bexp\w*\.masked_fill_?\(\s*~\s*{m}\s*,\s*0(?:\.0*)?\s*\)"),

@@ -51,6 +51,7 @@ from mha_verify.mha.reference import MHAParams
 from mha_verify.mha.scoring import Norm, PositionBias
 from mha_verify.properties.adapters import recognition
 from mha_verify.properties.adapters.base import Adapter, declared_conventions
+from mha_verify.properties.adapters.bias_tables import GatheredBias, read_gathered_bias, table_parameters
 from mha_verify.properties.adapters.context_probe import context_refused
 from mha_verify.properties.adapters.forward_source import (
     causal_buffer_length,
@@ -124,6 +125,16 @@ def _pre_norm_note(pre: PreNorms, context: str | None) -> str:
 _POSITIONAL = re.compile(r"rotary|rope|positional|posemb|pos_?enc", re.IGNORECASE)
 
 
+def _gathered_bias(module: nn.Module) -> GatheredBias | None:
+    """The relative-position bias a self-attention layer gathers from a table of its own, where its
+    tensors and its forward's source say one (:mod:`bias_tables`)."""
+    try:
+        heads = n_head_of(module)
+    except NotApplicable:
+        return None
+    return read_gathered_bias(module, heads, "\n".join(text for _, text in forward_sources(module)))
+
+
 def _own_positional(module: nn.Module) -> str:
     """The rotary or positional embeddings a layer of a library the harness has no facts about computes
     with children of its own that its forward calls (``self.query_rotary_pe(query)``), in words; ""
@@ -164,6 +175,9 @@ class StructuralAdapter(Adapter):
         position_bias = layer_position_bias(module)
         sig = read_signature(module)
         source = forward_sources(module)[0][1]
+        gathered = None if position_bias is not None or sig.key is not None else _gathered_bias(module)
+        if gathered is not None:  # MONAI's Swin windows: its table added as its index says, lengths up to N
+            position_bias = gathered.position_bias(module)
         pre = input_norms(module, source, sig.input, sig.context) \
             if sig.key is None else None  # a pre-norm of the layer's input (and its context)
         # LookViT's: a context only where built for cross-attention (where its source does not say so already):
@@ -174,7 +188,7 @@ class StructuralAdapter(Adapter):
             pre = input_norms(module, source, sig.input, None)
         pre_norm, context_norm = (None, None) if pre is None else (pre.norm, pre.context_norm)
         every = [name for name in self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm),
-                                                   position_bias) if name not in learned]  # named above
+                                                   position_bias, gathered) if name not in learned]  # named above
         convolved = convolutions_over_positions(module, every)
         if convolved:  # a masked position leaks into its neighbours through it: not even the mask laws hold
             raise ValueError(f"{type(module).__name__} takes a convolution over positions ({', '.join(convolved)}), "
@@ -255,6 +269,8 @@ class StructuralAdapter(Adapter):
         softcap, softcap_how = layer_softcap(module)
         buffer = causal_buffer_length(module) if causal else None
         takes_kv = (sig.key is not None and sig.value is not None) or shared
+        longest = [n for n in (None if buffer is None else buffer[0], None if gathered is None else gathered.length)
+                   if n is not None]
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
@@ -286,10 +302,12 @@ class StructuralAdapter(Adapter):
             context_norm=context_norm,
             softcap=softcap,
             position_bias=position_bias,
-            max_length=None if buffer is None else buffer[0],
+            max_length=min(longest) if longest else None,
             notes=(f"adapter {self.name}", *(n for n in (self.reading_note(module),) if n), how,
                    *(() if buffer is None else (f"lengths up to {buffer[0]}: {buffer[1]} is sliced to the "
                                                 "sequence, so it takes no longer one",)),
+                   *(() if gathered is None else (f"lengths up to {gathered.length}: its index {gathered.index} "
+                                                  f"has an entry for no later position",)),
                    *(n for n in ("" if pre is None else _pre_norm_note(pre, None if refused else sig.context),
                                  scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
@@ -330,7 +348,8 @@ class StructuralAdapter(Adapter):
         """How the projections were read, where names did not say it ("": by their names)."""
         return ""
 
-    def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None) -> list[str]:
+    def _unmodelled(self, module: nn.Module, norms: tuple[Norm | None, ...], bias: PositionBias | None,
+                    gathered: GatheredBias | None = None) -> list[str]:
         """The names of ``module``'s parameters that neither the projections, the QK-norm nor the
         position-bias table account for."""
         used = self.sources(module)
@@ -338,6 +357,8 @@ class StructuralAdapter(Adapter):
         table = getattr(module, "relative_attention_bias", None)
         if bias is not None and isinstance(table, nn.Module):
             used += list(table.parameters())
+        if gathered is not None:
+            used += table_parameters(module, gathered)
         known = {id(t if t._base is None else t._base) for t in used}
         return [name for name, p in module.named_parameters() if id(p) not in known]
 

@@ -35,6 +35,7 @@ from mha_verify.properties.adapters.library_facts import KNOWN_LIBRARIES, librar
 from mha_verify.properties.adapters.registry import find_adapter
 from mha_verify.properties.adapters.signature import read_signature
 from mha_verify.properties.adapters.structural import given_none
+from mha_verify.properties.adapters.unmodelled import BEYOND
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, NotApplicable, TargetError
 
@@ -380,9 +381,16 @@ def load_target(spec: str | None = None, *, adapter: str | None = None) -> Targe
     target = Target(spec, factory, adapter, built_as=built_as, plan=plan)
     try:  # fail now, as a usage error, rather than inside every property
         bound = target.build(*PROBE_SIZES)
-        bound.conventions  # noqa: B018 -- a declaration with an unknown key raises here
+        conv = bound.conventions
     except ValueError as exc:
         raise TargetError(str(exc)) from None
+    windows = [name for name, role in (plan.roles if plan is not None else ()) if role in ("window", "windows")]
+    if windows and conv.position_bias is None and conv.window is None:
+        # given a window by the harness, where no table sized for it was read (local-attention's LocalMHA
+        # attends within buckets of positions): judged as plain attention, every check would fail on it
+        steps = f" (besides, it takes {conv.beyond})" if conv.beyond else ""
+        raise TargetError(f"{spec} built as {built_as}: its window of positions ({', '.join(windows)}) is one that "
+                          f"no table or window the harness reads accounts for{steps}, {BEYOND}")
     if plan is None and isinstance(bound.module, CoreInProjections):
         target.built_as = describe_core(f"{spec} -> {type(bound.module.core).__name__}", type(bound.module.core),
                                         bound.d_model)
