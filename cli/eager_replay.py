@@ -46,6 +46,15 @@ def a_class(found, bases, what):
     return found
 
 
+class OthersNone(types.SimpleNamespace):
+    """A config namespace whose fields not written read None (the layer's options off)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+
 def scalar(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -67,11 +76,12 @@ def setup():
     bundle = json.loads((here / "bundle.json").read_text(encoding="utf-8"))
     tensors = torch.load(here / "tensors.pt", weights_only=True)
     build = bundle["build"]
-    kwargs = {str(k): scalar(v) for k, v in build.get("kwargs", {}).items()}
+    kwargs = {str(k): argument(v, tensors) for k, v in build.get("kwargs", {}).items()}
     config = build.get("config")
     if config is not None:
         if "namespace" in config:
-            made = types.SimpleNamespace(**{str(k): scalar(v) for k, v in config["namespace"].items()})
+            fields = {str(k): scalar(v) for k, v in config["namespace"].items()}
+            made = OthersNone(**fields) if config.get("others_none") is True else types.SimpleNamespace(**fields)
         else:
             made = a_class(named(config["module"], config["class"]), CONFIGS, "config")()
             for field, value in config["set"].items():

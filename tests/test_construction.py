@@ -12,7 +12,7 @@ from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import TargetError
 from mha_verify.properties.targets.eager import load_target
-from tests.fixtures import constructors
+from tests.fixtures import constructors, option_namespaces
 
 FIXTURE = "tests/fixtures/constructors.py:"
 
@@ -170,3 +170,17 @@ def test_a_channel_count_a_length_and_a_group_norm_count_that_fails_at_its_defau
     assert "n_groups" not in dict(first.roles) and dict(second.roles)["n_groups"] == "one"
     module = target.build(16, 4).module
     assert (module.norm.num_groups, module.seq_len) == (1, 1024)
+
+
+def test_an_args_namespace_of_its_own_fields_and_a_flag_its_default_refuses_are_filled() -> None:
+    # the plain namespace lacks ``multiway``, and both flags off fail its assert: the options off, self-attention on
+    target = load_target("tests/fixtures/option_namespaces.py:ArgsAndOneFlag")
+    assert target.built_as == ("ArgsAndOneFlag(embed_dim=8, num_heads=2, self_attention=True, "
+                               "args=<namespace of size fields, any other None>)")
+    module = target.build(8, 2).module
+    assert module.extra is None
+    recipe = construction.choose(option_namespaces.ArgsAndOneFlag, 8, 2)[0].recipe(8, 2)
+    assert recipe["kwargs"] == {"embed_dim": 8, "num_heads": 2, "self_attention": True}
+    assert recipe["config"]["others_none"] is True  # type: ignore[index]
+    verdict = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0).verdict
+    assert verdict == "pass"

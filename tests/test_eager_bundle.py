@@ -137,3 +137,12 @@ def test_checks_failing_for_one_cause_share_one_bundle(tmp_path: Path) -> None:
     # another cause in the same folder (a wrong softmax, no exception) gets a bundle of its own
     _failed("tests.mutants:SoftmaxInFloat16", "oracle_agreement", tmp_path)
     assert len(list(tmp_path.iterdir())) == 2
+
+
+def test_a_layer_built_with_a_window_replays_with_its_window(tmp_path: Path) -> None:
+    # its constructor takes a window as a sequence (MONAI's Swin ``window_size``): written as a tuple
+    _failed("tests.fixtures.window_table_layers:WindowTableTransposed", "oracle_agreement", tmp_path)
+    (folder,) = tmp_path.iterdir()
+    assert json.loads((folder / "bundle.json").read_text())["build"]["kwargs"]["window_size"] == {"tuple": [4, 4]}
+    got = _replay(folder)
+    assert got.returncode == 1 and "actual: max error" in got.stdout, got.stdout + got.stderr

@@ -88,6 +88,9 @@ _SEQUENCE_ANNOTATION = re.compile(r"\b(?:Sequence|tuple|Tuple|list|List)\b")
 #: a group norm's group count: where its default divides no small width (labml's ``AttentionBlock(n_groups=32)``
 #: at 8 channels), the layer is built again with one group (:func:`plans`)
 NORM_GROUP_NAMES = ("n_groups", "num_groups", "norm_num_groups", "norm_groups", "groupnorm_groups")
+#: a flag whose default builds no layer (torchscale's ``assert self.self_attention ^
+#: self.encoder_decoder_attention``): where no plan builds with it off, each is tried with it on
+FLAG_FALLBACKS = ("self_attention",)
 #: roles that are not sizes: a plan of these alone names no size of the layer
 _NOT_SIZES = ("position_bias", "one", "false", "true", "zero", "length", "window", "windows")
 CONFIG_NAMES = ("config", "cfg", "args")
@@ -122,6 +125,11 @@ def role_value(size: dict[str, int], role: str) -> object:
     return (WINDOW, WINDOW) if role == "windows" else size[role]
 
 
+def _json(value: object) -> object:
+    """``value`` as a replay bundle writes a constructor argument: a tuple as ``{"tuple": [...]}``."""
+    return {"tuple": list(value)} if isinstance(value, tuple) else value
+
+
 def _role(p: inspect.Parameter, role: str) -> str:
     """``role``, or "windows" for a window whose annotation is a sequence (``Sequence[int]``)."""
     annotation = p.annotation if isinstance(p.annotation, str) else repr(p.annotation)
@@ -143,6 +151,16 @@ def config_for(d_model: int, n_head: int) -> SimpleNamespace:
         bias=True, attention_bias=True, qkv_bias=True, dropout=0.0, attention_dropout=0.0, attn_pdrop=0.0,
         block_size=1024, max_position_embeddings=1024, is_decoder=False, _attn_implementation="sdpa",
     )
+
+
+class OpenNamespace(SimpleNamespace):
+    """:func:`config_for`'s namespace where any other field reads None (torchscale's ``args.multiway``,
+    ``args.xpos_rel_pos``): the library's options off. Tried only where the plain namespace builds nothing."""
+
+    def __getattr__(self, name: str) -> object:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
 
 
 def _is_config_class(obj: object) -> bool:
@@ -239,6 +257,12 @@ class Construction:
     grouped: bool = True
     #: an attention core (:mod:`attention_core`): the layout of its per-head inputs and how it was read
     core: tuple[str, str] | None = None
+    #: the namespace config reads None for any field it lacks (:class:`OpenNamespace`)
+    open_config: bool = False
+
+    def namespace(self, d_model: int, n_head: int) -> SimpleNamespace:
+        made = config_for(d_model, n_head)
+        return OpenNamespace(**vars(made)) if self.open_config else made
 
     def build(self, d_model: int, n_head: int) -> nn.Module:
         if self.positional:
@@ -251,7 +275,7 @@ class Construction:
             return CoreInProjections(core, d_model, n_head, self.core[0])
         if self.config is not None:
             name, config_cls = self.config
-            kwargs[name] = config_for(d_model, n_head) if config_cls is None \
+            kwargs[name] = self.namespace(d_model, n_head) if config_cls is None \
                 else library_config(config_cls, d_model, n_head, self.grouped, supports_sdpa(self.cls))
         module = self.cls(**kwargs)
         k, v = getattr(module, "k_proj", None), getattr(module, "v_proj", None)
@@ -273,11 +297,13 @@ class Construction:
         if self.positional:
             return {**where, "args": [d_model, n_head]}
         size = sizes_of(d_model, n_head, self.grouped)
-        recipe: dict[str, object] = {**where, "kwargs": {name: role_value(size, role) for name, role in self.roles}}
+        kwargs = {name: _json(role_value(size, role)) for name, role in self.roles}
+        recipe: dict[str, object] = {**where, "kwargs": kwargs}
         if self.config is not None:
             name, config_cls = self.config
             if config_cls is None:
-                recipe["config"] = {"param": name, "namespace": dict(vars(config_for(d_model, n_head)))}
+                recipe["config"] = {"param": name, "namespace": dict(vars(config_for(d_model, n_head))),
+                                    "others_none": self.open_config}
             else:
                 config = library_config(config_cls, d_model, n_head, self.grouped, supports_sdpa(self.cls))
                 fields = [f for f in CONFIG_ROLES if hasattr(config, f)] + list(CONFIG_ALWAYS)
@@ -297,7 +323,7 @@ class Construction:
         if self.config is not None:
             name, config_cls = self.config
             if config_cls is None:
-                args.append(f"{name}=<namespace of size fields>")
+                args.append(f"{name}=<namespace of size fields" + (", any other None>" if self.open_config else ">"))
             else:
                 config = library_config(config_cls, d_model, n_head, self.grouped, supports_sdpa(self.cls))
                 fields = [f"{f}={getattr(config, f)}" for f in CONFIG_ROLES if hasattr(config, f)]
@@ -330,16 +356,22 @@ def constructor_signature(cls: type) -> inspect.Signature:
 
 def plans(cls: type) -> list[Construction]:
     """The ways to build ``cls``, to be tried in order (one per candidate config class; then each with one
-    group for a group norm whose count it takes, :data:`NORM_GROUP_NAMES`)."""
+    group for a group norm whose count it takes, :data:`NORM_GROUP_NAMES`; then a namespace config that reads
+    None for any other field; then each with a :data:`FLAG_FALLBACKS` flag on)."""
     found = _plans(cls)
     try:
         params = constructor_signature(cls).parameters
     except (TypeError, ValueError):
         return found
     groups = tuple((name, "one") for name, p in params.items() if name in NORM_GROUP_NAMES and p.default is not p.empty)
-    if not groups:
-        return found
-    return found + [dataclasses.replace(plan, roles=plan.roles + groups) for plan in found if not plan.positional]
+    if groups:
+        found += [dataclasses.replace(plan, roles=plan.roles + groups) for plan in found if not plan.positional]
+    found += [dataclasses.replace(plan, open_config=True) for plan in found
+              if plan.config is not None and plan.config[1] is None]
+    flags = tuple((name, "true") for name, p in params.items() if name in FLAG_FALLBACKS and p.default is False)
+    if flags:
+        found += [dataclasses.replace(plan, roles=plan.roles + flags) for plan in found if not plan.positional]
+    return found
 
 
 def _plans(cls: type) -> list[Construction]:
