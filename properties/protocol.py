@@ -221,6 +221,8 @@ class Conventions:
             parts.append(f"{self.kv_heads} kv heads")
         if self.layout == "seq_first":
             parts.append("sequence first (L, B, D)")
+        elif self.layout == CHANNELS_FIRST:
+            parts.append("channels first (B, D, L)")
         elif self.layout in GRID_LAYOUTS:
             parts.append(f"4-D inputs ({', '.join(self.layout)}): a sequence as one row")
         if self.sizes:
@@ -278,7 +280,9 @@ def _causal(value: object) -> bool | str:
 #: takes (B, D, 1, L), "BD1L".
 GRID_LAYOUTS = ("B1LD", "BL1D", "1BLD", "1LBD", "L1BD", "LB1D", "BD1L", "BDL1", "1DBL", "1DLB", "LD1B", "LDB1")
 #: the layouts of q, k, v and the output a target may take (Conventions.layout)
-LAYOUTS = ("batch_first", "seq_first", *GRID_LAYOUTS)
+#: a sequence given channels first, (B, D, L): a layer whose projections are 1x1 ``Conv1d`` (1-D U-Nets' attention)
+CHANNELS_FIRST = "BDL"
+LAYOUTS = ("batch_first", "seq_first", CHANNELS_FIRST, *GRID_LAYOUTS)
 
 
 def _choice(allowed: tuple[str, ...]) -> Callable[[object], str]:

@@ -42,6 +42,17 @@ class StandIn(types.ModuleType):
         raise RuntimeError(f"{self.__name__} is a stand-in: {top}'s wheel does not load with this torch, and the "
                            "target was imported without it")
 
+    def __mro_entries__(self, bases: tuple[object, ...]) -> tuple[type, ...]:
+        """A base class (pytorch-fid's ``class FIDInceptionA(torchvision.models.inception.InceptionA)``,
+        imported by denoising-diffusion-pytorch): a class of its name whose construction raises, naming it."""
+        stand_in = self
+
+        def refuse(self: object, *args: object, **kwargs: object) -> None:
+            stand_in()
+
+        name = self.__name__.rpartition(".")[2]
+        return (type(name, (), {"__init__": refuse, "__qualname__": name, "__module__": self.__name__}),)
+
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, packages: Sequence[str]) -> None:

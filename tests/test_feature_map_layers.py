@@ -72,3 +72,14 @@ def test_a_layer_that_raises_on_every_call_says_what_it_raised_on_a_feature_map(
     message = str(info.value)
     assert "raised ValueError: not enough values to unpack" in message
     assert "as (2, D, 1, 3) it raised RuntimeError: view size is not compatible" in message
+
+
+@pytest.mark.parametrize("d_model", [2, 3, 5, 8])
+def test_a_sequence_given_channels_first_is_read_and_verified_and_its_twin_fails(d_model: int) -> None:
+    # at D = 3 the probe's (2, 3, D) would run channels first as a batch-first layer's: its axes avoid D
+    conventions = load_target(FIXTURE + "SequenceChannelsFirst").build(d_model, 1).conventions
+    assert conventions.layout == "BDL" and conventions.beyond is None
+    if d_model == 8:
+        checks = ("oracle_agreement", "head_split", "query_permutation", "grad_agreement", "batch_independence")
+        assert set(_verdicts("SequenceChannelsFirst", checks).values()) == {"pass"}
+        assert _verdicts("SequenceChannelsFirstOverQueries", ("oracle_agreement",)) == {"oracle_agreement": "fail"}

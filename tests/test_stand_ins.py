@@ -22,7 +22,13 @@ from mha_verify.properties.targets.eager import load_target
 LAYERS = '''
 from torchvision.ops.misc import FrozenBatchNorm2d  # imported at module level, never used by the layer
 from torchvision import transforms as T
+import torchvision
 from mha_verify.mha import MultiHeadAttention
+
+
+class FIDInception(torchvision.models.inception.InceptionA):
+    """A class of the module subclasses a torchvision class (pytorch-fid's, which denoising-diffusion-pytorch
+    imports): the module still imports; building it raises, naming the stand-in."""
 
 
 class Attention(MultiHeadAttention):
@@ -67,3 +73,11 @@ def test_a_layer_in_a_module_importing_torchvision_is_verified_with_stand_ins(
 def test_a_layer_that_calls_torchvision_fails_there_naming_the_stand_in() -> None:
     with pytest.raises(TargetError, match=r"raised RuntimeError: torchvision\.transforms\.Normalize is a stand-in"):
         load_target("visionlib_standin.layers:Preprocessing")
+
+
+@pytest.mark.usefixtures("visionlib")
+def test_a_class_subclassing_a_stand_in_imports_and_raises_when_built() -> None:
+    load_target("visionlib_standin.layers:Attention")  # the module's subclass of a stand-in does not stop the import
+    layers = sys.modules["visionlib_standin.layers"]
+    with pytest.raises(RuntimeError, match=r"torchvision\.models\.inception\.InceptionA is a stand-in"):
+        layers.FIDInception()

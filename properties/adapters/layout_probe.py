@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mha_verify.properties.protocol import GRID_LAYOUTS
+from mha_verify.properties.protocol import CHANNELS_FIRST, GRID_LAYOUTS
 
 _READ: weakref.WeakKeyDictionary[nn.Module, tuple[str, str]] = weakref.WeakKeyDictionary()
 #: a layout other than batch-first, read with evidence at some size, per class: at a size where the
@@ -43,14 +43,23 @@ def _changed(features: torch.Tensor) -> torch.Tensor:
     return features.flip(-1) if features.shape[-1] > 1 else features + 1.0
 
 
+def _probe_sizes(d_model: int) -> tuple[int, int]:
+    """The probe's two axes, sizes other than D: at (2, 3, D = 3) a channels-first layer takes the middle
+    3 for its channels and runs, read as batch-first."""
+    first, second = tuple(n for n in (2, 3, 5, 7) if n != d_model)[:2]
+    return first, second
+
+
 def _moved(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """(2, 3) bool: which outputs moved when x[0, 1] did, or None where the output is not (2, 3, *)."""
-    x = torch.randn(2, 3, d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
+    """(A0, A1) bool (:func:`_probe_sizes`): which outputs moved when x[0, 1] did, or None where the output is
+    not (A0, A1, *)."""
+    sizes = _probe_sizes(d_model)
+    x = torch.randn(*sizes, d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(dtype)
     y = x.clone()
     y[0, 1] = _changed(x[0, 1])
     with torch.no_grad():
         before, after = run(x), run(y)
-    if before.dim() < 2 or tuple(before.shape[:2]) != (2, 3) or after.shape != before.shape:
+    if before.dim() < 2 or tuple(before.shape[:2]) != sizes or after.shape != before.shape:
         return None
     return (after.double() - before.double()).abs().flatten(2).amax(dim=-1) > 0
 
@@ -59,6 +68,8 @@ def to_layer(t: torch.Tensor, layout: str) -> torch.Tensor:
     """q, k or v (B, L, D) in ``layout`` (:data:`protocol.LAYOUTS`): transposed, or one row of a 4-D input."""
     if layout == "seq_first":
         return t.transpose(0, 1)
+    if layout == CHANNELS_FIRST:
+        return t.transpose(1, 2)
     if layout in GRID_LAYOUTS:
         return t.unsqueeze(2).permute(*("BL1D".index(axis) for axis in layout))  # (B, L, 1, D) -> layout
     return t
@@ -68,6 +79,8 @@ def from_layer(out: torch.Tensor, layout: str) -> torch.Tensor:
     """An output in ``layout`` as (B, L, D): :func:`to_layer` undone."""
     if layout == "seq_first":
         return out.transpose(0, 1)
+    if layout == CHANNELS_FIRST:
+        return out.transpose(1, 2)
     if layout in GRID_LAYOUTS:
         return out.permute(*(layout.index(axis) for axis in "BL1D"))[:, :, 0]
     return out
@@ -97,6 +110,25 @@ def _channels_first(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[to
         out = run(x.movedim(-1, 1))
         return out.movedim(1, -1) if isinstance(out, torch.Tensor) and out.dim() == 4 else out
     return moved
+
+
+def _sequence_channels_first(run: Callable[[torch.Tensor], torch.Tensor], d_model: int,
+                             dtype: torch.dtype) -> tuple[str, str] | None:
+    """``(CHANNELS_FIRST, how)`` for a layer that takes a sequence as (B, D, L) (a 1-D U-Net's attention over
+    1x1 ``Conv1d`` projections): probed as :func:`_moved` with x given channels first, read where changing
+    x[0, :, 1] moved other outputs of item 0 and none of item 1; None otherwise."""
+    def moved_run(x: torch.Tensor) -> torch.Tensor:
+        out = run(x.transpose(1, 2))
+        return out.transpose(1, 2) if isinstance(out, torch.Tensor) and out.dim() == 3 else out
+    try:
+        moved = _moved(moved_run, d_model, dtype)
+    except Exception:
+        return None
+    if moved is None or bool(moved[1:].any()) or not bool(moved[0, 0] or moved[0, 2:].any()):
+        return None
+    a0, a1 = _probe_sizes(d_model)
+    return CHANNELS_FIRST, (f"channels first (B, D, L), read by a probe: given as ({a0}, D, {a1}), changing "
+                            "x[0, :, 1] moved outputs of item 0 only, at other positions too")
 
 
 def _grid(run: Callable[[torch.Tensor], torch.Tensor], d_model: int, dtype: torch.dtype) -> tuple[str, str] | None:
@@ -166,12 +198,12 @@ def read_layout(module: nn.Module, run: Callable[[torch.Tensor], torch.Tensor], 
                 moved = _moved(run, d_model, dtype)
             except Exception:  # a forward that takes no (A0, A1, D): perhaps a 4-D input
                 moved = None
-                grid = _grid(run, d_model, dtype)
+                grid = _grid(run, d_model, dtype) or _sequence_channels_first(run, d_model, dtype)
     finally:
         module.train(training)
     layout = ("seq_first", "sequence first (L, B, D), read by a probe: changing x[0, 1] moved only the outputs "
               "[:, 1]") if moved is not None and bool(moved[:, 1].any()) and not bool(
-        moved[:, 0].any() or moved[:, 2].any()) and bool(moved[1].any()) else grid or ("batch_first", "")
+        moved[:, 0].any() or moved[:, 2:].any()) and bool(moved[1:].any()) else grid or ("batch_first", "")
     if layout[0] != "batch_first":
         _BY_CLASS[type(module)] = layout
     elif moved is None and type(module) in _BY_CLASS:  # it takes no (A0, A1, D), and no probe read it here
