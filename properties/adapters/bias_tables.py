@@ -94,4 +94,6 @@ def read_gathered_bias(module: nn.Module, heads: int, source: str) -> GatheredBi
 
 def table_parameters(module: nn.Module, found: GatheredBias) -> list[torch.Tensor]:
     """The parameters the gathered bias reads (its table), which are then no step beyond the oracle's."""
-    return [module.get_submodule(found.table).weight] if found.embedding else [getattr(module, found.table)]
+    owner = module.get_submodule(found.table) if found.embedding else None
+    table = owner.weight if isinstance(owner, nn.Embedding) else getattr(module, found.table)
+    return [table] if isinstance(table, torch.Tensor) else []

@@ -30,6 +30,7 @@ from mha_verify.properties.adapters.forward_source import forward_sources
 from mha_verify.properties.adapters.library_facts import other_operator
 from mha_verify.properties.adapters.projections import STRUCTURAL
 from mha_verify.properties.adapters.unmodelled import convolution_projections, step_without_adapter
+from mha_verify.properties.adapters.wrapped_mha import WrappedTorchMHAAdapter
 from mha_verify.properties.loading import load_attr
 from mha_verify.properties.protocol import Conventions, TargetError
 
@@ -37,7 +38,7 @@ ENTRY_POINT_GROUP = "mha_verify.adapters"
 
 _EXACT: tuple[Adapter, ...] = (TorchMHAAdapter(), QKVAdapter(), QueryKeyValueAdapter(), LinearQKVAdapter())
 #: names first; shapes last, where no naming fits
-_REGISTRY: list[Adapter] = [*_EXACT, *STRUCTURAL, ByShapeAdapter()]
+_REGISTRY: list[Adapter] = [*_EXACT, WrappedTorchMHAAdapter(), *STRUCTURAL, ByShapeAdapter()]
 _entry_points_loaded = False
 _entry_point_error: str | None = None
 
