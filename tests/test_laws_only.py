@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from mha_verify.properties.adapters.unmodelled import step_without_adapter
 from mha_verify.properties.engine.measure import relation_allowed
 from mha_verify.properties.engine.precision import read_precision
 from mha_verify.properties.engine.profiles import PROFILES
@@ -21,6 +22,7 @@ from mha_verify.properties.strategies.examples import make_example
 from mha_verify.properties.strategies.masks import MaskSpec
 from mha_verify.properties.strategies.size_cases import Sizes
 from mha_verify.properties.targets.eager import load_target
+from tests.fixtures import odd_layers
 
 QUICK = PROFILES["quick"]
 LAWS = "tests/fixtures/laws_only_layers.py:"
@@ -173,3 +175,10 @@ def test_a_scoring_behind_a_branch_this_instance_skips_is_not_read_as_its_own() 
     assert _run(LAWS + "CosineOptInKeysValuesSwapped", "oracle_agreement").verdict == "fail"
     on = load_target(LAWS + "cosine_opt_in_on").build(8, 2).conventions
     assert on.beyond is not None and "cosine-similarity attention" in on.beyond
+
+
+def test_transformer_xl_biases_are_named_where_no_adapter_reads_the_layer() -> None:
+    # speechbrain's RelPosMHAXL was "no adapter recognizes" with its children listed, the biases unsaid
+    said = step_without_adapter(odd_layers.RelPosXL(8, 2), ())
+    assert said is not None and said.startswith(
+        "takes Transformer-XL's per-head content/position biases (pos_bias_u, pos_bias_v), a step beyond")

@@ -107,6 +107,9 @@ def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]
     """Why no adapter reads ``module``, where a child or its source says it (``sources``: the forward's
     and the helpers', :func:`forward_source.forward_sources`): a step the oracle does not model, or no
     attention at all, in words that follow the class's name; None where nothing says why."""
+    xl = [name for name, _ in module.named_parameters(recurse=False) if name in _XL_NAMES]
+    if len(xl) >= 2:  # speechbrain's RelPosMHAXL: pos_bias_u, pos_bias_v beside a raw in_proj_weight
+        return f"takes Transformer-XL's per-head content/position biases ({', '.join(xl)}), {BEYOND}"
     children = dict(module.named_children())
     for name, child in children.items():
         if is_gate(name):
