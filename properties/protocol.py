@@ -128,6 +128,11 @@ class Conventions:
         relative-position table, cosine-similarity scores), or None. Such a layer is verified by
         the laws alone (:data:`LAWS_ONLY`): a check against the oracle is n/a naming the steps, and
         relations between its outputs get allowances measured against its own float64 forward.
+    shifted_scores: where the layer shifts each row of scores by its max over every key, masked ones
+        included, before it applies the mask (speechbrain's BEATs: ``(w - w.max(dim=-1, keepdim=True)[0])
+        * alpha``), the line, read from its source: softmax cancels the shift exactly, so a masked key
+        reaches the output and its own gradient through rounding alone, which the mask checks report as
+        a precision policy (within 64 times their allowance), not a FAIL; None otherwise.
     beyond_positional: a step of ``beyond`` makes its output depend on positions (a relative table,
         a rotary of its own): the permutation laws are n/a too.
     notes: the conventions in words, printed in the report.
@@ -144,6 +149,7 @@ class Conventions:
     mask_unsupported: str | None = None
     mask_lengths: bool = False
     context_ignored: str | None = None
+    shifted_scores: str | None = None
     causal: bool | str = False
     grads: bool = True
     grads_refused: str | None = None

@@ -200,3 +200,19 @@ def read_fill(sources: tuple[tuple[str, str], ...]) -> str | None:
         return None
     finite, inf = bool(_FINITE_FILL.search(text)), bool(_INF_FILL.search(text))
     return "uniform" if finite and not inf else "nan" if inf and not finite else None
+
+
+#: a row of scores shifted by its own max over the keys (a stable softmax written out)
+_ROW_MAX_SHIFT = re.compile(r"\b(\w+)\s*-\s*\1\s*\.\s*(?:max|amax)\(\s*(?:dim\s*=\s*)?-1\s*,\s*keepdim\s*=\s*True\s*\)")
+
+
+def read_shift(sources: tuple[tuple[str, str], ...], name: str) -> str | None:
+    """Where one source shifts a row of scores by its max over every key before it applies mask ``name``
+    (speechbrain's BEATs layer), the shift as written, whitespace collapsed; None otherwise."""
+    applied = re.compile(rf"[+]\s*=?\s*{_NAME.format(name=re.escape(name))}\b|masked_fill_?\(")
+    for _, source in sources:
+        shift = _ROW_MAX_SHIFT.search(source)
+        mask = applied.search(source, shift.end()) if shift else None
+        if shift and mask:
+            return " ".join(shift.group(0).split())
+    return None

@@ -86,6 +86,7 @@ from mha_verify.properties.adapters.library_facts import (
     rows_unspecified,
     takes_points,
 )
+from mha_verify.properties.adapters.mask_reading import read_shift
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
@@ -271,6 +272,8 @@ class StructuralAdapter(Adapter):
         takes_kv = (sig.key is not None and sig.value is not None) or shared
         longest = [n for n in (None if buffer is None else buffer[0], None if gathered is None else gathered.length)
                    if n is not None]
+        # BEATs' stable softmax: the row's max over every key, masked ones too, subtracted before the mask
+        shifted = read_shift(forward_sources(module), sig.mask) if has_mask and sig.mask is not None else None
         found = Conventions(
             mask=fmt.takes if has_mask else frozenset(),
             mask_forms=fmt.forms if has_mask else Conventions().mask_forms,
@@ -283,6 +286,7 @@ class StructuralAdapter(Adapter):
             mask_ignored=None if ignored is None else f"{sig.mask} is accepted and not used: {ignored}",
             mask_unsupported=None if unsupported is None else f"{sig.mask}: {unsupported}",
             context_ignored=context_ignored,
+            shifted_scores=shifted,
             causal=causal,
             dropout=has_dropout(module),
             kv_cache="hf_cache" if cache_argument(module) else None,
@@ -308,6 +312,8 @@ class StructuralAdapter(Adapter):
                                                 "sequence, so it takes no longer one",)),
                    *(() if gathered is None else (f"lengths up to {gathered.length}: its index {gathered.index} "
                                                   f"has an entry for no later position",)),
+                   *(() if shifted is None else (f"scores shifted by their row's max over every key before the mask "
+                                                 f"(`{shifted}`): a masked key reaches the output through rounding",)),
                    *(n for n in ("" if pre is None else _pre_norm_note(pre, None if refused else sig.context),
                                  scale_how, rotary_how, softcap_how, window_note, joint_note, context_ignored or "",
                                  always_masked(module) if has_mask else "") if n),
@@ -418,10 +424,11 @@ class StructuralAdapter(Adapter):
 
     def _layout(self, module: nn.Module) -> tuple[str, str]:
         """The layer's layout, probed where its library does not fix it (those the harness knows are
-        batch-first) and its forward takes x alone (no rotary tables, no position bias to pass)."""
+        batch-first) and its forward takes x alone (no rotary tables to pass); a position bias it takes
+        and computes where none is given (speechbrain's BEATs layer, sequence-first) does not stop it."""
         sig = read_signature(module)
         if {library for library, _ in recognition.LIBRARY_FORMATS} & {library_of(module)} or sig.rotary \
-                or sig.position_bias or cache_argument(module):
+                or cache_argument(module):
             return "batch_first", ""
 
         def run(x: torch.Tensor) -> torch.Tensor:

@@ -88,7 +88,29 @@ def masked_kv_invariance(bound: Instance, ex: AttnExample) -> Measure:
         return _self_attention_masked_x(bound, ex, replace, rows, noise_k)
     out = bound(ex.q, ex.k, ex.v, ex.mask)
     out2 = bound(ex.q, k2, v2, ex.mask)
-    return close(out2, out, relation_allowed(bound, ex), "output after replacing masked k/v rows", rows)
+    try:
+        return close(out2, out, relation_allowed(bound, ex), "output after replacing masked k/v rows", rows)
+    except Violation as violation:
+        return _through_the_shift(bound.conventions, violation, violation.error <= SHIFT_ROUNDING * violation.allowed,
+                                  f"within {SHIFT_ROUNDING} times the allowance")
+
+
+#: how far past its allowance a mask check may be, for a layer whose scores are shifted by a max over masked
+#: keys too (:attr:`Conventions.shifted_scores`), and still be that shift's rounding: a masked key that is
+#: not removed moves the output by its values, orders above
+SHIFT_ROUNDING = 64
+
+
+def _through_the_shift(conv: Conventions, violation: Violation, small: bool, within: str) -> Measure:
+    """A mask check's ``violation`` as a precision policy where the layer shifts its scores by a max over
+    masked keys too and the effect is ``small`` (``within``: the bound, in words); raised again otherwise."""
+    if conv.shifted_scores is None or not small:
+        raise violation
+    return Measure(violation.error, violation.allowed, finding=("precision_policy", (
+        f"{violation}; it is rounding: its scores are shifted by their row's max over every key, masked ones "
+        f"too, before the mask (`{conv.shifted_scores}`), and softmax cancels the shift exactly, so a masked key "
+        f"reaches it only through the shift's rounding ({within}): a numerical choice of the library, not a "
+        "defect")))
 
 
 def _replaceable(keep: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -138,6 +160,7 @@ def masked_grad_zero(bound: Instance, ex: AttnExample) -> Measure:
     out = bound(q, k, v, ex.mask)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(ex.seed)).to(out.dtype)
     (out * g).sum().backward()
+    found = Measure()
     for t in (k, v):
         name = "k" if t is k else "v"
         if t.grad is None:  # autograd's None: the output does not depend on it, a gradient of 0
@@ -145,9 +168,16 @@ def masked_grad_zero(bound: Instance, ex: AttnExample) -> Measure:
         leaked = t.grad[unseen]
         if leaked.numel() and bool((leaked != 0).any()):
             worst = float(leaked.abs().max())
-            raise Violation(f"gradient {worst:.3g} reached {name} at a key masked for every query, "
-                            f"but should be exactly 0", worst, 0.0)
-    return Measure()
+            violation = Violation(f"gradient {worst:.3g} reached {name} at a key masked for every query, "
+                                  f"but should be exactly 0", worst, 0.0)
+            # through the row max the scores are shifted by, only k's gradient can carry rounding: a few ulps of
+            # the largest gradient the example gives (a key the mask does not remove also leaks into v's)
+            scale = max(float(x.grad.abs().max()) for x in (q, k, v) if x.grad is not None)
+            rounding = SHIFT_ROUNDING * torch.finfo(t.dtype).eps * scale
+            found = _through_the_shift(bound.conventions, violation, name == "k" and worst <= rounding,
+                                       f"within {SHIFT_ROUNDING} ulps of the example's largest gradient, "
+                                       f"{scale:.3g}, and none reaches v")
+    return found
 
 
 def _fully_masked_examples(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
