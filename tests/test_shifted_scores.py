@@ -35,3 +35,12 @@ def test_the_shift_is_read_and_its_rounding_is_a_precision_policy_not_a_fail() -
 def test_masked_keys_that_keep_a_weight_still_fail_the_mask_checks() -> None:
     results = _results("ShiftedScoresFiniteFill")
     assert results["masked_kv_invariance"][0] == "fail" and results["masked_grad_zero"][0] == "fail", results
+
+
+def test_a_layer_taking_a_position_bias_it_may_compute_is_still_probed_for_its_layout() -> None:
+    # BEATs' forward takes position_bias=None and (T, B, C): read as batch-first before, 11 checks failed
+    conv = load_target(FIXTURE + "SequenceFirstShifted").build(8, 2).conventions
+    assert conv.layout == "seq_first"
+    result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + "SequenceFirstShifted"),
+                          settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "pass", result
