@@ -139,6 +139,10 @@ def read_mask(sources: tuple[tuple[str, str], ...], name: str, others: tuple[str
     if switch and not (p["keep"].search(text) or p["drop"].search(text)):
         # a mask turned into a flag and never applied (its other path may add it: not the path run)
         return MaskReading(switch=where(p["switch"]))
+    inverted = _inverted_for_sdpa(sources, name)
+    if inverted:  # speechbrain's masks_union: True = ignored, inverted into SDPA's keep-mask
+        return MaskReading(kind="drop", takes=frozenset({"bool"}), how=(
+            f"mask removed where True: handed to {inverted}, whose result goes to SDPA's attn_mask; bool only",))
     kinds = [k for k in ("keep", "drop", "additive") if p[k].search(text)]
     if "drop" in kinds and len(kinds) > 1 and p["causal_reuse"].search(text):
         kinds.remove("drop")  # the name reused for a causal mask of its own (``mask = ones(i, j).triu(1)``)
@@ -215,4 +219,21 @@ def read_shift(sources: tuple[tuple[str, str], ...], name: str) -> str | None:
         mask = applied.search(source, shift.end()) if shift else None
         if shift and mask:
             return " ".join(shift.group(0).split())
+    return None
+
+
+def _inverted_for_sdpa(sources: tuple[tuple[str, str], ...], name: str) -> str | None:
+    """Where the forward hands mask ``name`` to a helper of its module that returns it inverted
+    (``torch.logical_not``, ``~``), and the helper's result is SDPA's ``attn_mask`` (speechbrain's
+    ``final_masks = masks_union(bsz, klen, heads, attn_mask, key_padding_mask)``), the helper's call in
+    words; None otherwise."""
+    forward = sources[0][1] if sources else ""
+    helpers = {place.split(" ")[0]: text for place, text in sources[1:]}
+    for hit in re.finditer(rf"\b(\w+)\s*=\s*(\w+)\(([^()]*\b{re.escape(name)}\b[^()]*)\)", forward):
+        result, helper = hit.group(1), hit.group(2)
+        body = helpers.get(helper, "")
+        sdpa = forward.find("scaled_dot_product_attention(")
+        if sdpa >= 0 and re.search(rf"\battn_mask\s*=\s*{re.escape(result)}\b", forward[sdpa:]) \
+                and re.search(r"return\s+~|logical_not\(", body):
+            return f"`{' '.join(hit.group(0).split())}`, which inverts it"
     return None

@@ -39,9 +39,11 @@ A layer's ``mha_verify_conventions`` class attribute overrides any of these (che
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import re
+import textwrap
 import weakref
 
 import torch
@@ -145,7 +147,29 @@ def _own_positional(module: nn.Module) -> str:
     text = "\n".join(source for _, source in forward_sources(module))
     found = [f"{name}: {type(child).__name__}" for name, child in module.named_children()
              if _POSITIONAL.search(type(child).__name__) and re.search(rf"\bself\.{re.escape(name)}\(", text)]
+    found += _rotary_calls(forward_sources(module)[0][1])
     return f"a rotary or positional embedding of its own ({', '.join(found)})" if found else ""
+
+
+#: a function named for a rotation (speechbrain's ``q_rotated = _rope_rotate(query)``)
+_ROTARY_NAME = re.compile(r"rope|rotary", re.IGNORECASE)
+
+
+def _rotary_calls(forward: str) -> list[str]:
+    """The functions named for a rotation that ``forward`` (its source) calls unconditionally: in a statement
+    of its body itself, not under an ``if`` (a rotary the caller may pass, a path the instance never takes)."""
+    try:
+        tree = ast.parse(textwrap.dedent(forward))
+    except SyntaxError:
+        return []
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    found = [node.func.id for statement in function.body if not isinstance(statement, (ast.If, ast.For, ast.While,
+                                                                                        ast.With, ast.Try))
+             for node in ast.walk(statement)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and _ROTARY_NAME.search(node.func.id)]
+    return [f"{name}()" for name in dict.fromkeys(found)]
 
 
 class StructuralAdapter(Adapter):
