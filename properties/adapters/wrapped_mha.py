@@ -118,7 +118,7 @@ class WrappedTorchMHAAdapter(Adapter):
             kwargs[sig.mask] = to_kind(to_shape(mask, sizes, (True,) * 4).reshape(B * H, Lq, Lk), "drop", q.dtype)
         elif mask is not None:
             raise ValueError(f"{type(module).__name__} takes key padding only; this mask is not one")
-        layout = self.conventions(module).layout
+        layout = self._layout(module)[0]  # the probe is cached per module; the rest of the conventions is not needed
         out = module(**{sig.input: to_layer(q, layout), sig.key: to_layer(k, layout), sig.value: to_layer(v, layout)},
                      **kwargs)
         return from_layer(first_output(out), layout)
