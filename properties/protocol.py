@@ -135,6 +135,12 @@ class Conventions:
         a precision policy (within 64 times their allowance), not a FAIL; None otherwise.
     beyond_positional: a step of ``beyond`` makes its output depend on positions (a relative table,
         a rotary of its own): the permutation laws are n/a too.
+    mixes_positions: a step of ``beyond`` that carries each position into its neighbours' q, k and v
+        before the scores (Primer-EZ's convolution after its projections), in words: a mask removes a
+        key from the scores only, so the laws about a masked key's k and v are n/a.
+    mixes_future: where that step reaches a position from a later one, what the probe saw
+        (:mod:`adapters.position_steps`): the causal laws are n/a too, unless the layer is causal itself;
+        None where it reaches none.
     notes: the conventions in words, printed in the report.
     """
 
@@ -177,6 +183,8 @@ class Conventions:
     head_dim_multiple: int = 1
     beyond: str | None = None
     beyond_positional: bool = False
+    mixes_positions: str | None = None
+    mixes_future: str | None = None
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -242,6 +250,10 @@ class Conventions:
         parts += self.scoring.describe()
         if self.beyond:
             parts.append(f"laws only: it takes {self.beyond}")
+        if self.mixes_positions:
+            parts.append(f"its step over positions reaches a position from a later one ({self.mixes_future})"
+                         if self.mixes_future else "its step over positions reaches no position from a later one "
+                         "(a probe of each projection)")
         fixed = [f"{n}={a}" for n, a in zip(("B", "Lq", "Lk"), self.axes, strict=True) if a is not None]
         if fixed:
             parts.append(f"fixed {', '.join(fixed)}")

@@ -29,6 +29,7 @@ from torch.nn.utils import parametrize
 
 from mha_verify.mha.reference import MHAParams
 from mha_verify.properties.adapters.head_count import head_count_source, n_head_of
+from mha_verify.properties.adapters.position_steps import convolved_projections
 from mha_verify.properties.adapters.projections import _linear_like, output_layer, weight_bias
 from mha_verify.properties.adapters.structural import StructuralAdapter
 from mha_verify.properties.adapters.unmodelled import is_gate
@@ -47,11 +48,13 @@ Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like laye
 
 def called_projections(module: nn.Module, parameters: bool = False) -> list[Layer]:
     """The linear-like layers of ``module``'s children that its forward names, in the order of first
-    mention: a child, the linear of a [Linear, Dropout...] block, or each element of a ModuleList of
-    linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; with
+    mention: a child, the linear of a [Linear, Dropout...] block, the projection a convolution over
+    positions follows (:mod:`position_steps`), or each element of a ModuleList of linears; an
+    nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; with
     ``parameters``, also a (out, in) Parameter of the layer's own named ``*weight`` (torch MHA's
     ``in_proj_weight``, applied with ``F.linear``) with its ``*bias`` as a linear."""
     children = {**(_parameter_linears(module) if parameters else {}), **dict(module.named_children())}
+    convolved = convolved_projections(module)
     order: list[str] = []
     _mention_order(type(module), inspect.getattr_static(type(module), "forward", None), children, order, depth=0)
     out: list[Layer] = []
@@ -61,6 +64,9 @@ def called_projections(module: nn.Module, parameters: bool = False) -> list[Laye
             out += [(f"{name}[{i}]", m) for i, m in enumerate(child)]
             continue
         layer = output_layer(child) or _wrapped_linear(child)
+        if layer is None and name in convolved:  # Primer-EZ: the projection, then its convolution (a step)
+            first = child[0]  # type: ignore[index]
+            layer = output_layer(first) or _wrapped_linear(first)
         if layer is not None:
             out.append((name, layer))
     return out

@@ -89,6 +89,7 @@ from mha_verify.properties.adapters.library_facts import (
     takes_points,
 )
 from mha_verify.properties.adapters.mask_reading import read_shift
+from mha_verify.properties.adapters.position_steps import convolved_projections, describe, reaches_back
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
@@ -214,6 +215,17 @@ class StructuralAdapter(Adapter):
         pre_norm, context_norm = (None, None) if pre is None else (pre.norm, pre.context_norm)
         every = [name for name in self._unmodelled(module, (q_norm, k_norm, v_norm, pre_norm, context_norm),
                                                    position_bias, gathered) if name not in learned]  # named above
+        convolved_by = convolved_projections(module)
+        mixes, future = None, None
+        if convolved_by:  # Primer-EZ: each projection's causal convolution over positions, by the laws alone
+            steps = {id(t) for child in convolved_by.values() for part in list(child)[1:] for t in part.parameters()}
+            params = dict(module.named_parameters())
+            every = [name for name in every if id(params[name]) not in steps]
+            mixes = describe(convolved_by)
+            beyond.append(mixes)
+            positional = True
+            future = next((f"{name}: {seen}" for name, child in convolved_by.items()
+                           if (seen := reaches_back(child)) is not None), None)
         convolved = convolutions_over_positions(module, every)
         if convolved:  # a masked position leaks into its neighbours through it: not even the mask laws hold
             raise ValueError(f"{type(module).__name__} takes a convolution over positions ({', '.join(convolved)}), "
@@ -323,6 +335,8 @@ class StructuralAdapter(Adapter):
             head_dim_multiple=2 if (sig.rotary and rotary is None) or own or sig.tables else 1,
             beyond=", ".join(beyond) or None,
             beyond_positional=positional,
+            mixes_positions=mixes,
+            mixes_future=future,
             q_norm=q_norm,
             k_norm=k_norm,
             v_norm=v_norm,

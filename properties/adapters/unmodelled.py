@@ -27,6 +27,8 @@ import re
 import torch
 from torch import nn
 
+from mha_verify.properties.adapters.position_steps import PROJECTION_NAME, convolved_projections, describe
+
 BEYOND = "a step beyond the attention the oracle models, so it cannot be verified yet"
 _GATE = re.compile(r"(^|_)gates?($|_)", re.IGNORECASE)
 _XL_NAMES = {"u", "v", "r_w_bias", "r_r_bias", "pos_bias_u", "pos_bias_v", "content_bias", "pos_bias"}
@@ -93,9 +95,6 @@ def describe_steps(module: nn.Module, names: list[str], heads: int | None) -> tu
     return ", ".join(steps), not all(step.startswith(_POSITION_FREE) for step in steps)
 
 
-_PROJECTION_NAME = re.compile(r"(^|_)(q|k|v|qk|kv|qkv|query|key|value)($|_)", re.IGNORECASE)
-
-
 _EMITS_MASK = re.compile(r"(^|_)(q|k|v|qk|kv|qkv)_and_mask($|_)", re.IGNORECASE)
 # what an attention layer's forward (or a helper it names) computes somewhere: scores and their weights
 # (any call whose name holds attention/attn/attend: xformers' memory_efficient_attention, flash_attn_func)
@@ -116,15 +115,9 @@ def step_without_adapter(module: nn.Module, sources: tuple[tuple[str, str], ...]
             return f"takes a gate ({name}: {type(child).__name__}), {BEYOND}"
         if _EMITS_MASK.search(name.removeprefix("to_")):
             return f"takes a projection that also gives a learned mask ({name}: {type(child).__name__}), {BEYOND}"
-    after = []
-    for name, child in children.items():
-        if _PROJECTION_NAME.search(name.removeprefix("to_")) and isinstance(child, nn.Sequential) and len(child) > 1:
-            conv = next((m for part in list(child)[1:] for m in part.modules()
-                         if isinstance(m, nn.modules.conv._ConvNd) or "Convolution" in type(m).__name__), None)
-            if conv is not None:
-                after.append(f"{name}: {type(conv).__name__}")
-    if after:  # Primer-EZ's depthwise convolution over positions after each projection
-        return f"takes a convolution over positions after its projections ({', '.join(after)}), {BEYOND}"
+    convolved = convolved_projections(module)
+    if convolved:  # Primer-EZ's depthwise convolution over positions, where its projections are not read
+        return f"takes {describe(convolved)}, {BEYOND}"
     text = "\n".join(source for _, source in sources)
     if text.strip() and not _ATTENDS.search(text) and not type(module).__module__.startswith("torch.") \
             and not any(_attends(type(m)) for m in module.modules() if m is not module):
@@ -176,7 +169,7 @@ def convolution_projections(module: nn.Module) -> list[str]:
     convolution alone, or followed only by dropout, is a projection (:func:`pointwise`), not one of them."""
     found = []
     for name, child in module.named_children():
-        if not _PROJECTION_NAME.search(name.removeprefix("to_")):
+        if not PROJECTION_NAME.search(name.removeprefix("to_")):
             continue
         parts = list(child) if isinstance(child, nn.Sequential) else [child]
         if parts and pointwise(parts[0]) and all(

@@ -48,6 +48,22 @@ def weights_beyond(conv: Conventions) -> str | None:
             "change the weights it returns")
 
 
+def mixed_positions(conv: Conventions, *, causal_laws: bool = False) -> str | None:
+    """Why a law cannot hold a layer whose step carries positions into each other before the scores
+    (``Conventions.mixes_positions``): the laws about a masked key's k and v, and with ``causal_laws``
+    the causal ones where that step reaches a position from a later one and the layer is not causal
+    itself; None where the law holds it."""
+    if conv.mixes_positions is None:
+        return None
+    if not causal_laws:
+        return (f"{LAWS_ONLY}: it takes {conv.mixes_positions}, which carries each position into its neighbours' "
+                "queries, keys and values before the scores: a mask removes a key from the scores only")
+    if conv.mixes_future is None or conv.causal:
+        return None
+    return (f"{LAWS_ONLY}: it takes {conv.mixes_positions}, which reaches a position from a later one "
+            f"({conv.mixes_future}): a causal mask does not make the layer causal")
+
+
 def _mask_conventions(conv: Conventions, removal: bool) -> tuple[str, ...]:
     """The mask conventions to draw. ``removal``: only those that remove keys (a finite large
     negative is a bias by the contract, so it removes nothing)."""

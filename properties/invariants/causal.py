@@ -20,7 +20,7 @@ import torch
 from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask, causal_keep, causal_offset
-from mha_verify.properties.engine.applicable import comparable_rows, examples_for
+from mha_verify.properties.engine.applicable import comparable_rows, examples_for, mixed_positions
 from mha_verify.properties.engine.measure import Measure, close, relation_allowed
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance
@@ -31,6 +31,9 @@ _PER_QUERY = frozenset({"BHLL", "B1LL", "11LL", "LL"})
 
 
 def _causal(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    mixed = mixed_positions(conv, causal_laws=True)
+    if mixed:
+        return mixed
     if not conv.causal and not conv.mask:
         return ("the target is neither causal (no is_causal attribute, no causal=True declaration) nor takes a mask "
                 "to make it causal")

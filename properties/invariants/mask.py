@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 
 from mha_verify.mha.masks import additive_mask
 from mha_verify.mha.tolerance import compare
-from mha_verify.properties.engine.applicable import examples_for, fully_masked, keep_of, weights_beyond
+from mha_verify.properties.engine.applicable import (
+    examples_for,
+    fully_masked,
+    keep_of,
+    mixed_positions,
+    weights_beyond,
+)
 from mha_verify.properties.engine.call_path import weights_if_any
 from mha_verify.properties.engine.measure import (
     UNCHECKED,
@@ -63,7 +69,11 @@ def mask_zeroes_weights(bound: Instance, ex: AttnExample) -> Measure:
     return Measure()
 
 
-@invariant("masked_kv_invariance", strategy=_with_mask(), reach="full")
+def _masked_keys(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    return mixed_positions(conv) or _with_mask()(conv)
+
+
+@invariant("masked_kv_invariance", strategy=_masked_keys, reach="full")
 def masked_kv_invariance(bound: Instance, ex: AttnExample) -> Measure:
     """Replacing k and v at masked key positions does not change the output.
 
@@ -138,6 +148,9 @@ def _self_attention_masked_x(bound: Instance, ex: AttnExample, replace: torch.Te
 
 
 def _padding(conv: Conventions) -> st.SearchStrategy[AttnExample] | str:
+    mixed = mixed_positions(conv)
+    if mixed:
+        return mixed
     if not conv.cross_attention:
         return f"{SELF_ONLY}: x is key and query at once, so a masked key's gradient is not 0"
     return examples_for(conv, kinds=("padding", "fully_masked_item"), need_mask=True)
