@@ -49,7 +49,8 @@ Layer = tuple[str, nn.Module]  # (where: "to_q", "proj[1]"; the linear-like laye
 def called_projections(module: nn.Module, parameters: bool = False) -> list[Layer]:
     """The linear-like layers of ``module``'s children that its forward names, in the order of first
     mention: a child, the linear of a [Linear, Dropout...] block, the projection a convolution over
-    positions follows (:mod:`position_steps`), or each element of a ModuleList of linears; an
+    positions follows (:mod:`position_steps`), the linear of an output block that ends in a norm, or
+    each element of a ModuleList of linears; an
     nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; with
     ``parameters``, also a (out, in) Parameter of the layer's own named ``*weight`` (torch MHA's
     ``in_proj_weight``, applied with ``F.linear``) with its ``*bias`` as a linear."""
@@ -67,6 +68,8 @@ def called_projections(module: nn.Module, parameters: bool = False) -> list[Laye
         if layer is None and name in convolved:  # Primer-EZ: the projection, then its convolution (a step)
             first = child[0]  # type: ignore[index]
             layer = output_layer(first) or _wrapped_linear(first)
+        if layer is None:
+            layer = _normed_output(name, child)
         if layer is not None:
             out.append((name, layer))
     return out
@@ -103,6 +106,16 @@ def _wrapped_linear(child: nn.Module) -> nn.Module | None:
              and isinstance(found := getattr(owner, "parametrizations", None), nn.Module) for m in found.modules()}
     inner = [m for m in child.modules() if m is not child and id(m) not in parts]
     return inner[0] if len(inner) == 1 and _linear_like(inner[0]) else None
+
+
+def _normed_output(name: str, child: nn.Module) -> nn.Module | None:
+    """The linear of an output block named for one that normalizes what it projects (denoising-diffusion's
+    ``to_out = Sequential(Conv2d(hidden, dim, 1), RMSNorm(dim))``): the norm is a step of its own, named
+    with the layer's others; None for anything else."""
+    if not _tokens(name) & _OUT_TOKENS or not isinstance(child, nn.Sequential) or len(child) != 2:
+        return None
+    first, norm = child
+    return first if _linear_like(first) and type(norm).__name__.endswith("Norm") else None
 
 
 _SELF_OR_SUPER = re.compile(r"\bself\.(\w+)\b|\bsuper\(\s*(?:\w+\s*,\s*self\s*)?\)\.(\w+)\(")

@@ -271,8 +271,11 @@ _OTHER_OPERATORS = (
 #: the same for layers of libraries the harness has no facts about: operators their names announce
 #: (linear attention, cosine-similarity attention) that no layer of a known library reaches this way
 _OTHER_OPERATORS_UNKNOWN = (
+    # keys contracted with the values over positions n, before the queries: (n d, n e -> d e), or with
+    # positions last (denoising-diffusion's ``'b h d n, b h e n -> b h d e'``)
     (re.compile(r"\b(?:k|keys?)\w*\s*\.softmax\(\s*dim\s*=\s*-2\s*\)"
-                r"|einsum\(\s*['\"][^'\"]*\bn d\s*,\s*[^'\"]*\bn e\s*->\s*[^'\"]*\bd e\b"),
+                r"|einsum\(\s*['\"][^'\"]*\bn d\s*,\s*[^'\"]*\bn e\s*->\s*[^'\"]*\bd e\b"
+                r"|einsum\(\s*['\"][^'\"]*\bd n\s*,\s*[^'\"]*\be n\s*->\s*[^'\"]*\bd e\b"),
      "computes linear attention (keys normalized over positions and contracted with the values before the "
      "queries), not softmax attention over every key"),
     (re.compile(r"\bmap\(\s*l2norm\s*,|\bl2norm\(\s*q\b|F\.normalize\(\s*q\w*\s*,"),

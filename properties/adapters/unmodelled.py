@@ -58,6 +58,8 @@ def describe_step(module: nn.Module, name: str, param: torch.Tensor, heads: int 
         return f"Transformer-XL's per-head content/position biases ({name} {shape})"
     if any(is_gate(part) for part in name.split(".")[:-1]):
         return f"a gate ({name.rpartition('.')[0]}: {type(owner).__name__})"
+    if leaf in ("mem_kv", "null_kv"):  # lucidrains' memory keys and values, concatenated before the input's
+        return f"a learned key and value appended to every sequence ({name} {shape})"
     if leaf in ("bias_k", "bias_v"):
         prefix = name[: -len(leaf)]
         return f"a learned key and value appended to every sequence ({prefix}bias_k, {prefix}bias_v {shape})"
