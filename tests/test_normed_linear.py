@@ -2,7 +2,8 @@
 with the values over positions written positions-last (``'b h d n, b h e n -> b h d e'``) are read as linear
 attention, an output block ending in a norm gives its projection's weights and names the norm, and memory
 keys and values (``mem_kv``) are a step that permuting positions commutes with: the layer is held by the
-laws, the permutation laws included, and a twin that scrambles positions in its head merge fails them."""
+laws, the permutation laws included, and a twin that scrambles positions in its head merge fails them. An
+input norm the oracle could not place is one more step of such a layer, not a reason to refuse it."""
 
 from __future__ import annotations
 
@@ -33,3 +34,13 @@ def test_linear_attention_with_a_normed_output_block_is_read_and_held_by_the_law
 
 def test_a_twin_scrambling_positions_in_its_head_merge_fails_the_permutation_law() -> None:
     assert _verdicts("NormedLinearAttentionScrambled", ("query_permutation",)) == {"query_permutation": "fail"}
+
+
+def test_an_input_norm_the_oracle_cannot_place_is_a_step_of_a_layer_held_by_the_laws_anyway() -> None:
+    # simple-diffusion's RMSNorm over channels: before, the build was refused ("computes neither RMSNorm,
+    # LayerNorm nor an L2 norm ... a QK-norm the oracle does not model"), though no check needs the oracle
+    conv = load_target(FIXTURE + "ChannelNormedLinearAttention").build(8, 2).conventions
+    assert conv.input_norm is None and conv.beyond is not None
+    assert "a normalization the oracle does not apply (norm: ChannelNorm)" in conv.beyond
+    assert _verdicts("ChannelNormedLinearAttention", ("query_permutation", "batch_independence")) == {
+        "query_permutation": "pass", "batch_independence": "pass"}

@@ -204,8 +204,15 @@ class StructuralAdapter(Adapter):
         gathered = None if position_bias is not None or sig.key is not None else _gathered_bias(module)
         if gathered is not None:  # MONAI's Swin windows: its table added as its index says, lengths up to N
             position_bias = gathered.position_bias(module)
-        pre = input_norms(module, source, sig.input, sig.context) \
-            if sig.key is None else None  # a pre-norm of the layer's input (and its context)
+        try:
+            pre = input_norms(module, source, sig.input, sig.context) \
+                if sig.key is None else None  # a pre-norm of the layer's input (and its context)
+        except ValueError:
+            if not beyond:
+                raise
+            # a norm the oracle cannot apply, of a layer held by the laws alone anyway (simple-diffusion's
+            # linear attention normalizes over its channels): named below as a step, with the others
+            pre = None
         # LookViT's: a context only where built for cross-attention (where its source does not say so already):
         # verified as self-attention, its input's norm read as such
         refused = self._context_refused(module, sig.input, sig.context) if sig.context is not None \
