@@ -16,6 +16,7 @@ Such a layer is verified by the laws alone, and two kinds of them need more than
 from __future__ import annotations
 
 import re
+import weakref
 
 import torch
 from torch import nn
@@ -25,6 +26,9 @@ PROJECTION_NAME = re.compile(r"(^|_)(q|k|v|qk|kv|qkv|query|key|value)($|_)", re.
 #: the probe's input: positions and items along its first two axes (distinct sizes, so that a
 #: projection that took them the other way round would still be told apart)
 _PROBE = (5, 3)
+#: what the probe saw, per projection: conventions are read again at later calls (an exporter's trace
+#: among them), where a probe must not run
+_SEEN: weakref.WeakKeyDictionary[nn.Module, str | None] = weakref.WeakKeyDictionary()
 
 
 def is_position_convolution(part: nn.Module) -> bool:
@@ -69,12 +73,18 @@ def reaches_back(projection: nn.Sequential) -> str | None:
     output compared along the same axis before it. An output that does not keep those two axes, or a
     probe that raises, is reported as such (not causal as far as the harness can tell).
     """
-    width = next((m.in_features for m in projection[0].modules() if isinstance(getattr(m, "in_features", None), int)),
-                 None)
+    if projection not in _SEEN:
+        _SEEN[projection] = _probe(projection)
+    return _SEEN[projection]
+
+
+def _probe(projection: nn.Sequential) -> str | None:
+    widths = [getattr(m, "in_features", None) for m in projection[0].modules()]
+    width = next((w for w in widths if isinstance(w, int)), None)
     first = next(projection.parameters(), None)
     if width is None or first is None:
         return "its projection's input width could not be read, so no probe of it ran"
-    shape = (*_PROBE, width)
+    shape: tuple[int, int, int] = (*_PROBE, width)
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(first)
     was = projection.training
     projection.eval()

@@ -224,7 +224,7 @@ class StructuralAdapter(Adapter):
                                                    position_bias, gathered) if name not in learned]  # named above
         convolved_by = convolved_projections(module)
         mixes, future = None, None
-        if convolved_by:  # Primer-EZ: each projection's causal convolution over positions, by the laws alone
+        if convolved_by:  # Primer-EZ: each projection's convolution over positions, held by the laws alone
             steps = {id(t) for child in convolved_by.values() for part in list(child)[1:] for t in part.parameters()}
             params = dict(module.named_parameters())
             every = [name for name in every if id(params[name]) not in steps]
