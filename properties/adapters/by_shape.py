@@ -50,10 +50,9 @@ def called_projections(module: nn.Module, parameters: bool = False) -> list[Laye
     """The linear-like layers of ``module``'s children that its forward names, in the order of first
     mention: a child, the linear of a [Linear, Dropout...] block, the projection a convolution over
     positions follows (:mod:`position_steps`), the linear of an output block that ends in a norm, or
-    each element of a ModuleList of linears; an
-    nn.Identity (vit-pytorch's ``to_out`` with one head of width D) as itself; with
-    ``parameters``, also a (out, in) Parameter of the layer's own named ``*weight`` (torch MHA's
-    ``in_proj_weight``, applied with ``F.linear``) with its ``*bias`` as a linear."""
+    each element of a ModuleList of linears; an nn.Identity (vit-pytorch's ``to_out`` with one head of
+    width D) as itself; with ``parameters``, also a (out, in) Parameter of the layer's own named
+    ``*weight`` (torch MHA's ``in_proj_weight``, applied with ``F.linear``) with its ``*bias`` as a linear."""
     children = {**(_parameter_linears(module) if parameters else {}), **dict(module.named_children())}
     convolved = convolved_projections(module)
     order: list[str] = []
