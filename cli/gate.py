@@ -150,7 +150,7 @@ def probe_eager(*, model: str, target_spec: str | None, weights: str | None, wei
 def probe_mask_kind(*, model: str, mapping: dict[str, str], d_model: int | None, n_head: int | None,
                     declared: dict[str, str], target_spec: str | None, weights: str | None,
                     weight_seed: int, adapter: str | None = None) -> list[CheckResult]:
-    """Ask the model which mask kind it computes (:func:`properties.onnx_probe.probe_mask`), and the
+    """Ask the model which mask kind it computes (:func:`properties.onnx.probe.probe_mask`), and the
     eager target its conventions: pass, with ``{"probe": ..., "eager": {...}}`` as the reason, JSON
     (probe ``null`` without a mask input, eager ``{}`` without an eager target)."""
     import dataclasses

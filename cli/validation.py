@@ -147,7 +147,7 @@ def validate_model(
 
     ``eager``: the module the model should compute (its weights are then the oracle's, and
     the differential check runs); without it the parameters are read from the graph.
-    Raises ModelError (properties.onnx_interface) for a file that is not an attention model.
+    Raises ModelError (properties.onnx.model_file) for a file that is not an attention model.
     """
     info = read_interface(path, mapping=mapping, d_model=d_model, n_head=n_head, declared=declared)
     label = name or info.label

@@ -4,7 +4,7 @@ A :class:`Subject` is something to verify (a module class, a factory, an ONNX mo
 provider and optimization level); ``build`` gives an :class:`Instance` at given sizes, which
 is what a property calls. Both are typing Protocols: an implementation subclasses nothing and
 mypy checks it against them (``properties.targets`` for eager modules,
-``properties.ort_target`` for onnxruntime sessions).
+``properties.onnx.ort_target`` for onnxruntime sessions).
 
 Calling convention of every instance, ours:
 

@@ -1,8 +1,9 @@
 """Adapters: how a foreign attention module names its weights and wants to be called.
 
-With ``adapters_structure`` and the tables of ``recognition``, the only place that knows how
-other modules name their weights. Every adapter presents one calling convention to the eager
-target (``targets.Bound``, the eager implementation of the target protocol) — ours:
+With ``structural``, ``projections``, ``library_facts`` and the tables of ``recognition``, the
+only place that knows how other modules name their weights. Every adapter presents one calling
+convention to the eager target (``targets.Bound``, the eager implementation of the target
+protocol) — ours:
 
     call(module, q (B, Lq, D), k (B, Lk, D), v (B, Lk, D), mask) -> output (B, Lq, D)
 

@@ -1,8 +1,8 @@
 """What the harness knows of other libraries' attention layers, as data: a new library is a row.
 
 * :data:`PROJECTIONS`: the names layers give their projections, per layout, as the adapters
-  recognize them (``adapters``, ``adapters_structure``), and the tokens that name a projection's
-  initializer in an ONNX graph (``onnx_interface.projection_weights``) derive from the same rows.
+  recognize them (``adapters.base``, ``adapters.projections``), and the tokens that name a projection's
+  initializer in an ONNX graph (``onnx.weights.projection_weights``) derive from the same rows.
 * :data:`LIBRARY_FORMATS`: what a library means by the mask its layers take, and what they give
   on a fully masked row. Never inferred from outputs, which would turn a polarity bug into a
   "convention".

@@ -3,7 +3,7 @@
 Automatic selection asks each registered adapter in order whether it ``matches`` a layer;
 the first that does is used. The built-in order: the exact adapters (torch MHA, then the
 seeds' and our naming), then those that recognize library layers by structure
-(``properties.adapters_structure``).
+(``properties.adapters.structural``, ``properties.adapters.projections``).
 
 Users extend it three ways: ``--adapter pkg.mod:Name`` (or ``path/to/file.py:Name``) for one
 run; :func:`register` from their own code; or an entry point in the group

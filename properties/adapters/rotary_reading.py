@@ -169,7 +169,7 @@ def rotary_of(config: object, layer_type: str | None = None) -> tuple[Rotary | N
     ``partial_rotary_factor``), 4.x in ``rope_theta`` and ``rope_scaling``. Only the default
     rope type is the formula of :class:`mha.rotary.Rotary`; scaled types (linear, dynamic, yarn,
     llama3, longrope) change the frequencies, and are left out (identity rotation) with a note.
-    The layout is halves here; the layer's own is read by :mod:`properties.rotary_reading`.
+    The layout is halves here; the layer's own is read by :func:`rotary_layout`.
     """
     params = getattr(config, "rope_parameters", None)
     if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):

@@ -1,5 +1,5 @@
 """Zero-config adapters: layers recognized by the names of their projections, as the libraries
-write them, and called by the names in their ``forward`` signature (``adapters_call``).
+write them, and called by the names in their ``forward`` signature (``adapters.signature``).
 
 =====================  ========================================================================
 adapter                recognizes
@@ -24,7 +24,7 @@ from outputs, which would turn a polarity bug into a "convention"):
   explicitly, as the model gives it (HF's eager path does not apply causality by itself).
   Llama-style layers get ``position_embeddings`` from the library's own rotary embedding class
   for positions 0 .. L-1, and the oracle applies the rotary their config describes
-  (``adapters_call.rotary_of``): the layer's rotary is verified. A rope type other than the
+  (``adapters.rotary_reading.rotary_of``): the layer's rotary is verified. A rope type other than the
   default formula gets a rotation by 0, said in the conventions' notes. Layers with a
   ``position_bias`` (T5) get the mask row of their implementation with a position bias.
 * diffusers: ``attention_mask`` additive (B, Lq, Lk); keys and values through
@@ -427,7 +427,7 @@ class StructuralAdapter(Adapter):
         return qk_norms(module, p.w_q.shape[0] // head_dim, head_dim, p.w_k.shape[0] // head_dim)
 
     def _scale(self, module: nn.Module) -> tuple[float | None, str]:
-        """The softmax scale the layer states (:func:`adapters_call.layer_scale`), at its head width."""
+        """The softmax scale the layer states (:func:`adapters.layer_attrs.layer_scale`), at its head width."""
         try:
             head_dim = head_dim_of(module, self.params(module))
         except NotApplicable:

@@ -8,7 +8,7 @@ An attention model is found as either
 plus, optionally, one mask input: bool or int 0/1, or float, of rank 2, 3 or 4, whose axes
 may be fixed to 1 (the model broadcasts them) or to H. The layout (q as (B, L, D) or
 (L, B, D)), the mask's axes ((B, Lk), (Lq, Lk), (B*H, Lq, Lk) ...) and its kind (keep, drop,
-additive, additive_min) are read from the file or declared (:mod:`properties.onnx_reading`);
+additive, additive_min) are read from the file or declared (:mod:`properties.onnx.reading`);
 q, k and v above are in our batch-first order. Roles are found by name (``q``,
 ``query``, ``attn_mask`` ...), else by position; ``--inputs q=query,k=key,v=value,mask=m``
 maps them by hand (:func:`parse_input_map`).
@@ -264,7 +264,7 @@ def _assign_roles(inputs: list[TensorSpec], mapping: dict[str, str], path: Path)
 
 
 def _read(roles: dict[str, TensorSpec], metadata: dict[str, str], declared: dict[str, str]) -> Reading:
-    """The layout, mask axes and mask kind (:mod:`properties.onnx_reading`)."""
+    """The layout, mask axes and mask kind (:mod:`properties.onnx.reading`)."""
     first = roles["x" if "x" in roles else "q"]
     key = roles.get("k")
     mask = roles.get("mask")

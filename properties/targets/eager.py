@@ -1,7 +1,7 @@
 """Targets: load the attention module to verify from a SPEC and bind it to an adapter.
 
 SPEC is ``package.module:Attr`` or ``path/to/file.py:Attr``. Attr is an nn.Module class,
-built from its constructor's parameter names (``properties.construction``: sizes, a layer
+built from its constructor's parameter names (``properties.adapters.construction``: sizes, a layer
 index, its library's own config) or as ``Attr(d_model, n_head)``, or a factory
 ``(d_model, n_head) -> nn.Module``.
 The default SPEC is the reference, ``mha_verify.mha:MultiHeadAttention``.
