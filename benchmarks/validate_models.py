@@ -1,5 +1,5 @@
 """The models deployment pipelines write, each checked against its eager module in onnxruntime
-before ``validate`` judges it: the table of docs/ecosystem.md, "What validate reads".
+before ``validate`` judges it: the table of docs/onnx.md, "What validate reads: measured models".
 
     python -m benchmarks.validate_models OUT [--profile quick] [--only NAME,...]
 

@@ -1,6 +1,6 @@
 """True findings of issue 19's models, each checked against eager torch (or the operator's own
 definition) before ``validate`` is asked, and each a failure ``validate`` reports for its real
-reason (docs/ecosystem.md, "What validate reads").
+reason (docs/onnx.md, "What validate reads: measured models"; docs/findings.md).
 
 * onnxruntime's CPU ``Attention`` kernel (opset 23) refuses a (B, 1, 1, Lk) mask when Lq > 1;
 * torch.onnx (TorchScript, opset 20) gives NaN on a fully padded item of torch MHA, where eager

@@ -1,6 +1,6 @@
 """Factories for the classes whose constructors need an argument no size names (a window, a stride, a
 chunk, a feature map, a sequence length), each built as the library's own code builds it; what the harness
-then says of each is in docs/ecosystem.md. ``load_attr`` imports a module as ``--target`` does (vit-pytorch's
+then says of each is in docs/reach.md. ``load_attr`` imports a module as ``--target`` does (vit-pytorch's
 package ``__init__`` imports torchvision: skipped where it fails)."""
 from mha_verify.properties.loading import load_attr as cls
 

@@ -2,7 +2,7 @@
 split into heads, attended in buckets of window_size that see their neighbours. A factory returning a core is
 verified inside the harness's projections; one bucket as long as any sequence drawn (max_length), padded to it,
 is softmax attention over every key, self-attention only (buckets pair queries with keys at their positions).
-It is not: autopad's zero padding is attended unless a mask is passed (docs/ecosystem.md)."""
+It is not: autopad's zero padding is attended unless a mask is passed (docs/findings.md)."""
 from local_attention import LocalAttention
 
 

@@ -292,7 +292,7 @@ def test_step3p7_vision_rotary_runs_in_float32_for_float64_inputs() -> None:
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
 
-# every class the QK-norm sweep failed on gradcheck alone (docs/ecosystem.md): its norm's module and class
+# every class the QK-norm sweep failed on gradcheck alone (docs/findings.md): its norm's module and class
 QK_NORMS_IN_FLOAT32 = [
     ("qwen3", "Qwen3RMSNorm"), ("apertus", "ApertusRMSNorm"), ("diffusion_gemma", "DiffusionGemmaRMSNorm"),
     ("dots1", "Dots1RMSNorm"), ("exaone4", "Exaone4RMSNorm"), ("exaone_moe", "ExaoneMoeRMSNorm"),

@@ -1,5 +1,5 @@
 """The truth table: the whole gate, ONNX export stage included, on each ecosystem layer, with
-the user code of tests/ecosystem/layers.py and nothing else (docs/ecosystem.md has the table).
+the user code of tests/ecosystem/layers.py and nothing else (docs/reach.md has the table).
 
 Every FAIL must be a true finding, reproduced with plain torch in test_findings.py; any other
 failure is a false alarm and fails these tests. Each layer must export with both exporters
@@ -8,7 +8,7 @@ when a library is missing.
 
 One gate run per layer (cached for the session) at ``--max-examples 10`` (100 where a finding
 needs them, :data:`EXAMPLES`): these tests are about which checks fail and whether export
-works, not about search depth; docs/ecosystem.md records the full ci-profile runs (100 examples).
+works, not about search depth; docs/reach.md gives the command of a full ci-profile run.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def test_exports_with_each_exporter_and_validates_in_onnxruntime(
 
 
 def test_user_lines_are_the_factory_bodies() -> None:
-    """The "lines of user code" column of docs/ecosystem.md: each factory's body, counted."""
+    """The "lines of user code" column of docs/reach.md: each factory's body, counted."""
     for name, count in layers.USER_LINES.items():
         lines = inspect.getsource(getattr(layers, name)).strip().splitlines()[1:]  # the body, without the def
         code = [line for line in lines if not line.strip().startswith("#")]  # comment lines are not code
