@@ -1,18 +1,54 @@
-"""Shared test set-up: the Hypothesis profile (MHA_VERIFY_PROFILE, default 'ci') and small helpers."""
+"""Shared test set-up: the tiers, the Hypothesis profile of the suite's own ``@given`` tests, the ``cli``
+fixture and small helpers.
+
+The tiers are by cost (docs/development.md): a test marked ``integration`` needs real processes, one
+marked ``deep`` is long; every other test is marked ``unit`` here, and ``-m unit`` (the README's test
+command) runs them.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
+import pytest
 import torch
+from hypothesis import settings
 
 from mha_verify.properties.engine import profiles
+from tests.cli_run import run_cli
 
-profiles.load()
+# The suite's own @given tests run at the examples of `quick`, derandomized: the same examples on every run,
+# as `ci` would, at a quarter of its cost. MHA_VERIFY_PROFILE (or --mha-profile) picks one of the CLI's
+# profiles instead, e.g. `thorough` before a release. Tests that run properties name their settings.
+TEST_PROFILE = profiles.REGISTERED_PREFIX + "tests"
+settings.register_profile(TEST_PROFILE, profiles.PROFILES["quick"], derandomize=True, print_blob=True)
+if os.environ.get(profiles.PROFILE_ENV):
+    profiles.load()
+else:
+    settings.load_profile(TEST_PROFILE)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # each xdist worker has a core of its own: one intra-op thread, not two workers x two threads
     torch.set_num_threads(1)
+
+TIERS = ("integration", "deep")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = [t for t in TIERS if item.get_closest_marker(t)]
+        if len(tiers) > 1:
+            raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(tiers)}: a test is in one tier")
+        if not tiers:
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture
+def cli() -> Callable[..., object]:
+    """``cli(*args, cwd=ROOT, env=None)``: ``mha-verify ARGS`` run in this process (tests/cli_run.py)."""
+    return run_cli
 
 
 def seeded_mha(d_model: int, n_head: int, dropout: float = 0.0, seed: int = 0, **kw: object) -> torch.nn.Module:

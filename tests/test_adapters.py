@@ -78,6 +78,7 @@ def test_float_dropout_attribute_is_controlled() -> None:
     assert bound.adapter.set_dropout(bound.module, 0.0) and bound.module.dropout == 0.0
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("spec", "verdict"), [
     pytest.param(FIX + "odd_layers.py:LeakyCausal", "fail", id="leaky"),
     pytest.param(FIX + "nanogpt_attn.py:CausalSelfAttention", "pass", id="nanogpt"),
@@ -115,7 +116,6 @@ TWINS = ["nanogpt_attn_twin.py:CausalSelfAttention", "timm_attn_twin.py:Attentio
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 @pytest.mark.parametrize("spec", LAYERS, ids=["nanogpt", "timm", "llama"])
 def test_library_style_layer_passes_the_gate_with_no_user_file(spec: str) -> None:
     proc = _cli("--target", FIX + spec, "--max-examples", "30")
@@ -123,7 +123,6 @@ def test_library_style_layer_passes_the_gate_with_no_user_file(spec: str) -> Non
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 @pytest.mark.parametrize("spec", TWINS, ids=["nanogpt", "timm", "llama"])
 def test_one_bug_twin_fails_the_gate(spec: str) -> None:
     proc = _cli("--target", FIX + spec, "--max-examples", "30", "--only", "oracle_agreement,head_split")
@@ -132,7 +131,6 @@ def test_one_bug_twin_fails_the_gate(spec: str) -> None:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 @pytest.mark.parametrize(("spec", "bug"), [*((s, False) for s in LAYERS), *((s, True) for s in TWINS)],
                          ids=[f"{n}{t}" for t in ("", "-twin") for n in ("nanogpt", "timm", "llama")])
 def test_library_style_layer_across_the_export_boundary(spec: str, bug: bool, tmp_path: Path) -> None:
@@ -156,6 +154,7 @@ def test_library_style_layer_across_the_export_boundary(spec: str, bug: bool, tm
         assert "output vs float64 oracle" in (results["oracle_agreement"].reason or "")
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("PerHeadFused", "pass"), ("PerHeadFusedChunkedAsBlocks", "fail")])
 def test_a_fused_projection_grouped_per_head_is_split_per_head(layer: str, verdict: str) -> None:
     # GPT-NeoX's query_key_value: q, k, v rows of each head in turn (zero user code)

@@ -52,6 +52,7 @@ def test_a_failing_run_keeps_the_old_entry(tmp_path: Path) -> None:
     assert doc["worst"] == old and doc["context"] == CONTEXT
 
 
+@pytest.mark.deep
 def test_a_failing_run_does_not_update_the_baseline_unless_asked(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "b.json"

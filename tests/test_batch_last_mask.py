@@ -4,6 +4,7 @@ own shape checks, a length-1 axis that torch.einsum broadcasts said as inherited
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mha_verify.properties.adapters.by_shape import read_projections
@@ -39,6 +40,7 @@ def test_the_batch_last_layout_converts_our_mask() -> None:
     assert torch.equal(out[:, :, 1], keep[1, 0])
 
 
+@pytest.mark.deep
 def test_the_layer_passes_and_its_twin_reading_the_mask_transposed_fails() -> None:
     for check in ("oracle_agreement", "masked_kv_invariance", "batch_independence"):
         assert _verdict("BatchLastMask", check) == ("pass", None), check

@@ -56,6 +56,7 @@ def test_a_softmax_weighted_product_without_attention_operands_is_not_found(sour
     assert not computes_attention(_class(source))
 
 
+@pytest.mark.deep
 def test_a_fused_qkv_beside_identity_branches_is_read_with_key_padding_and_passes() -> None:
     target = load_target(LAYERS + "SABlock")
     conv = target.build(8, 2).conventions
@@ -75,6 +76,7 @@ def test_an_sdpa_path_the_instances_flag_takes_keeps_sdpas_convention() -> None:
     assert result.verdict == "pass" and result.examples > 0, result.reason
 
 
+@pytest.mark.deep
 def test_the_block_with_its_softmax_over_the_queries_fails() -> None:
     for check in ("oracle_agreement", "masked_kv_invariance"):
         assert _run("SABlockQueryAxis", check).verdict == "fail", check
@@ -104,6 +106,7 @@ def test_a_dataclass_config_a_lora_rank_and_dropout_names_build_with_no_code(nam
 CORES = "tests/fixtures/attention_cores.py:"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("name", "layout"), [("EinsumCore", "(B, L, H, Hd)"), ("SdpaCore", "(B, H, L, Hd)")])
 def test_an_attention_core_is_verified_inside_projections_the_harness_gives_it(name: str, layout: str) -> None:
     target = load_target(CORES + name)
@@ -115,6 +118,7 @@ def test_an_attention_core_is_verified_inside_projections_the_harness_gives_it(n
         assert result.verdict == "pass" and result.examples > 0, (check, result.reason)
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("name", ["EinsumCoreNoRoot", "SdpaCoreLastKeyDropped"])
 def test_a_core_with_one_bug_fails_against_the_oracle(name: str) -> None:
     result = run_property(all_properties()["oracle_agreement"], load_target(CORES + name), settings=PROFILES["quick"],
@@ -144,6 +148,7 @@ def test_a_layer_with_projections_taking_q_k_v_is_built_as_a_layer_not_a_core() 
     assert result.verdict == "pass" and result.examples > 0, result.reason
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("name", "width"), [("TablesFull", 4), ("TablesHalf", 2)])
 def test_a_rotarys_tables_handed_in_are_given_a_rotation_by_0_of_the_width_the_layer_takes(name: str,
                                                                                        width: int) -> None:
@@ -158,6 +163,7 @@ def test_a_rotarys_tables_handed_in_are_given_a_rotation_by_0_of_the_width_the_l
     assert _run("TablesHalfQueryAxis", "oracle_agreement").verdict == "fail"
 
 
+@pytest.mark.deep
 def test_positions_a_layer_raises_without_are_given_and_its_laws_checked() -> None:
     conv = load_target(LAYERS + "PositionsRequired").build(8, 2).conventions
     assert "forward's position_ids given 0 .. L - 1 for every item" in conv.notes
@@ -180,6 +186,7 @@ def test_a_mask_turned_to_bool_is_drawn_as_bool_only(text: str) -> None:
     assert "a float one read as 1/0" in reading.how[0]
 
 
+@pytest.mark.deep
 def test_a_factory_returning_a_core_is_verified_inside_projections_with_what_the_core_declares() -> None:
     target = load_target(CORES + "sdpa_core")
     assert target.built_as.startswith(f"{CORES}sdpa_core -> SdpaCore inside projections the harness gives it")

@@ -79,6 +79,7 @@ def test_a_layer_that_raises_on_views_has_those_calls_unchecked_not_failed() -> 
     assert result.verdict == "warn" and "non-contiguous" in (result.reason or ""), result
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("ReturnsFloat32", "pass"), ("ReturnsFloat32Undeclared", "fail")])
 def test_the_output_dtype_is_the_inputs_or_the_declared_one(layer: str, verdict: str) -> None:
     result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + layer),

@@ -8,7 +8,6 @@ which only examples with Lq != Lk tell apart."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from mha_verify.mha.scoring import Scoring
 from mha_verify.properties.invariants.window import outside
 from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.targets.eager import PROBE_SIZES, load_target
+from tests.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = "tests/fixtures/causal_align.py:"
@@ -98,11 +98,10 @@ def test_the_alignment_is_declared_or_read_and_examples_have_keys_of_their_own(l
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", "check", "--no-export", "--profile", "ci", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_cli("check", "--no-export", "--profile", "ci", *args)
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize("layer", ["BottomRight", "BottomRightUndeclared", "TopLeft"])
 def test_a_correct_layer_of_either_alignment_passes_the_gate(layer: str) -> None:
     run = cli("--target", FIXTURE + layer)
@@ -110,7 +109,7 @@ def test_a_correct_layer_of_either_alignment_passes_the_gate(layer: str) -> None
     assert "0 failed" in run.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "caught", "example"), [
     ("DecodeStepIsCausal", "oracle_agreement", "B=1 Lq=1 Lk=2"),  # the decode bug: one query, the first key only
     ("TopLeftLowerRight", "oracle_agreement", "B=1 Lq=3 Lk=2"),

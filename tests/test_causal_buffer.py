@@ -21,6 +21,7 @@ def _verdict(name: str, check: str) -> str:
                         seed=0).verdict
 
 
+@pytest.mark.deep
 def test_the_buffer_size_is_the_longest_length_drawn() -> None:
     conv = load_target(FIXTURE + "SlicedBuffer").build(8, 2).conventions
     assert conv.max_length == 24 and conv.causal == "top_left"
@@ -29,6 +30,7 @@ def test_the_buffer_size_is_the_longest_length_drawn() -> None:
         assert _verdict("SlicedBuffer", check) == "pass", check
 
 
+@pytest.mark.deep
 def test_its_twin_hiding_the_diagonal_still_fails() -> None:
     assert _verdict("SlicedBufferNoDiagonal", "oracle_agreement") == "fail"
 

@@ -14,6 +14,7 @@ from mha_verify.properties.targets.eager import load_target
 FIXTURE = "tests/fixtures/causal_soft_masks.py:"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("CausalFinfoMin", "declared"), ("CausalFinfoMinReplaced", "fail")])
 def test_fully_masked_rows_of_a_causal_layer_masking_with_finfo_min(layer: str, verdict: str) -> None:
     result = run_property(all_properties()["fully_masked_rows"], load_target(FIXTURE + layer),

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from tests.cli_run import run_cli, run_cli_process
+
 ROOT = Path(__file__).resolve().parent.parent
 FAST = ["--no-export", "--max-examples", "5"]
 
 
-def cli(*args: str, cwd: Path = ROOT, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+def cli(*args: str, cwd: Path = ROOT, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """In this process; in a process of its own where the process is what is tested (``timeout``)."""
+    return run_cli(*args, cwd=cwd) if timeout is None else run_cli_process(*args, cwd=cwd, timeout=timeout)
 
 
 USAGE_ERRORS = {
@@ -41,7 +42,6 @@ USAGE_ERRORS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("case", list(USAGE_ERRORS), ids=list(USAGE_ERRORS))
 def test_usage_errors_exit_2_with_one_line(case: str, tmp_path: Path) -> None:
     args, words = USAGE_ERRORS[case]
@@ -55,7 +55,6 @@ def test_usage_errors_exit_2_with_one_line(case: str, tmp_path: Path) -> None:
     assert not report.exists(), "a usage error must leave no report behind"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--report", "--junit", "--html"])
 def test_unwritable_output_is_a_usage_error(flag: str, tmp_path: Path) -> None:
     proc = cli(*FAST, flag, str(tmp_path / "missing-dir" / "out"))
@@ -70,7 +69,6 @@ def _strip_timings(doc: dict) -> dict:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     only = "oracle_agreement,fully_masked_rows,lk_equals_lv"
     target = "tests/fixtures/seed_000.py:MultiHeadAttention"
@@ -97,7 +95,6 @@ def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     proc = cli(*FAST, "--only", "oracle_agreement", "--baseline", str(base))
@@ -113,7 +110,6 @@ def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 @pytest.mark.parametrize(("target", "timeout", "words"), [
     ("Segfaults", "60", "killed by SIGSEGV"),
     ("Hangs", "8", "timed out after 8 s"),
@@ -145,7 +141,7 @@ def test_list_names_every_property_relation_and_adapter(capsys: pytest.CaptureFi
         assert f"    {adapter.name}: {adapter.description}" in out
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_only_says_that_it_skips_the_export_stage() -> None:
     proc = cli("--max-examples", "3", "--only", "lk_equals_lv")
     assert proc.returncode == 0, proc.stderr
@@ -153,7 +149,7 @@ def test_only_says_that_it_skips_the_export_stage() -> None:
     assert "\nexport" not in proc.stdout  # no export table
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize("isolation", [[], ["--no-isolation"]], ids=["isolated", "in-process"])
 def test_a_target_that_exits_in_forward_fails_and_never_ends_green(isolation: list[str]) -> None:
     proc = cli("--no-export", "--max-examples", "3", "--only", "oracle_agreement,determinism", *isolation,
@@ -163,7 +159,7 @@ def test_a_target_that_exits_in_forward_fails_and_never_ends_green(isolation: li
     assert "sys.exit" in proc.stdout or "SystemExit" in proc.stdout, proc.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize(("target", "words"), [
     ("SegfaultsInInit", "killed by SIGSEGV"), ("HangsInInit", "timed out after 5 s"),
 ], ids=["segfault", "hang"])

@@ -12,7 +12,6 @@ import io
 import math
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,7 +53,6 @@ def _options(tmp: Path) -> dict[str, st.SearchStrategy[list[str]]]:
     }
 
 
-@pytest.mark.slow
 def test_every_command_line_is_a_verdict_or_a_one_line_usage_error(tmp_path: Path) -> None:
     options = _options(tmp_path)
     seen: dict[int, int] = {}
@@ -86,7 +84,6 @@ def test_every_command_line_is_a_verdict_or_a_one_line_usage_error(tmp_path: Pat
     assert math.fsum(seen.values()) >= 100
 
 
-@pytest.mark.slow
 def test_validate_and_export_refuse_every_bad_value_in_one_line(tmp_path: Path) -> None:
     """No model to run here: every drawn ``validate`` or ``export`` command is a usage error, in one
     line, whatever its numeric options say."""

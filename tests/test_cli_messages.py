@@ -24,7 +24,7 @@ def test_hypothesis_hint_names_pytest_and_keeps_the_decorator() -> None:
     assert hypothesis_hint("  something else  ") == "something else"
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_progress_counts_the_checks_and_says_the_time_left() -> None:
     done = subprocess.run([sys.executable, "-m", "mha_verify.cli", "check", "--no-export", "--profile", "quick",
                            "--jobs", "1", "--only", "determinism,lk_equals_lv,rows_sum_to_one"],
@@ -40,7 +40,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_export_of_a_layer_without_a_mask_says_to_pass_no_mask_input(tmp_path: Path) -> None:
     out = tmp_path / "m.onnx"
     done = _cli("export", "--target", "tests/fixtures/seed_001.py:MultiHeadAttention", "--d-model", "16",
@@ -51,14 +51,14 @@ def test_export_of_a_layer_without_a_mask_says_to_pass_no_mask_input(tmp_path: P
         "a mask input: pass --no-mask-input (inputs q, k, v only)"]
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_export_takes_an_adapter_and_names_an_unknown_one(tmp_path: Path) -> None:
     done = _cli("export", "--target", "tests/fixtures/seed_001.py:MultiHeadAttention", "--adapter", "nope",
                 "--d-model", "16", "--n-head", "2", "-o", str(tmp_path / "m.onnx"))
     assert done.returncode == 2 and "unknown adapter 'nope'; known: torch_mha" in done.stderr, done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_no_adapter_recognizes_is_one_short_line_naming_the_way_on() -> None:
     done = _cli("check", "--no-export", "--target", "tests/fixtures/odd_layers.py:Unusual")
     lines = done.stderr.strip().splitlines()
@@ -67,7 +67,7 @@ def test_no_adapter_recognizes_is_one_short_line_naming_the_way_on() -> None:
     assert "--adapter pkg.mod:YourAdapter" in lines[0] and len(lines[0]) < 400, lines[0]
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_validate_takes_the_adapter_its_eager_target_needs(tmp_path: Path) -> None:
     target, adapter = "tests/fixtures/odd_layers.py:Unusual", "tests/fixtures/user_adapter.py:UnusualAdapter"
     out = tmp_path / "m.onnx"

@@ -6,6 +6,8 @@ whose convolution reads the next positions."""
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
@@ -27,6 +29,7 @@ def _results(name: str) -> dict[str, tuple[str, str]]:
     return out
 
 
+@pytest.mark.deep
 def test_a_causal_convolution_after_the_projections_is_held_by_the_laws_the_causal_ones_included() -> None:
     conv = load_target(FIXTURE + "CausalConvAttention").build(8, 2).conventions
     assert conv.beyond == STEP and conv.mixes_positions == STEP and conv.mixes_future is None
@@ -51,6 +54,7 @@ def test_a_convolution_reaching_later_positions_makes_the_causal_laws_na_naming_
     assert got["batch_independence"][0] == "pass"
 
 
+@pytest.mark.deep
 def test_a_layer_that_says_it_is_causal_and_reads_the_next_positions_fails() -> None:
     got = _results("CausalLayerFutureConv")
     assert got["no_future_leak"][0] == "fail" and got["prefix_consistency"][0] == "fail"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,6 +27,7 @@ from mha_verify.properties.engine.databases import (
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.targets.eager import load_target
+from tests.cli_run import run_cli, run_cli_process
 from tests.redis_server import free_port, redis_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +38,9 @@ FAILING = ["check", "--no-export", "--only", "fully_masked_rows", "--max-example
            "--target", "tests/fixtures/seed_000.py:MultiHeadAttention"]
 
 
-def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+def cli(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """In this process; in a process of its own where a hang is what could happen (``timeout``)."""
+    return run_cli(*args) if timeout is None else run_cli_process(*args, timeout=timeout)
 
 
 def _warnings(stderr: str) -> list[str]:
@@ -87,7 +87,7 @@ def _assert_hidden(got: subprocess.CompletedProcess[str], secrets: list[str], fi
         assert not found, f"{where} shows {found}:\n{text[-2000:]}"
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize(("url", "secrets"), URLS)
 def test_unreachable_redis_shows_no_password(url: str, secrets: list[str], tmp_path: Path) -> None:
     """Nothing listens on the port: a usage error (the redis package missing is one too), one line."""
@@ -100,7 +100,6 @@ def test_unreachable_redis_shows_no_password(url: str, secrets: list[str], tmp_p
     assert not [f for f in files if f.exists()]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("form", "config", "secrets"), [
     pytest.param("redis://127.0.0.1:{port}/0?password=s3cret", ["--requirepass", SECRET], [SECRET], id="query"),
     pytest.param("redis://user:p@ss-s3cret@127.0.0.1:{port}/0",
@@ -187,7 +186,7 @@ def _poisoned(folder: Path, key: bytes, poison) -> None:  # type: ignore[no-unty
     poison(entry)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize("poison", [
     pytest.param(_fifo, id="fifo"),
     pytest.param(_huge, id="1GiB-file"),
@@ -207,7 +206,7 @@ def test_poisoned_folder_entry_is_skipped(poison, primary_key: bytes, tmp_path: 
     assert len(said) == 1 and str(folder) in said[0], got.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_fifo_entry_does_not_hang_a_check_in_process(primary_key: bytes, tmp_path: Path) -> None:
     """Without a worker (and its timeout) around the check, a FIFO read would block it for good."""
     folder = tmp_path / "db"
@@ -217,7 +216,6 @@ def test_fifo_entry_does_not_hang_a_check_in_process(primary_key: bytes, tmp_pat
     assert len(_warnings(got.stderr)) == 1, got.stderr
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["string", "list", "hash"])
 def test_redis_key_of_the_wrong_type_is_skipped(kind: str, primary_key: bytes, tmp_path: Path) -> None:
     import redis

@@ -22,6 +22,7 @@ def test_a_key_padding_argument_is_read_as_the_mask() -> None:
     assert any("key padding (B, Lk)" in n and "True = masked out" in n for n in conv.notes), conv.notes
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("layer", ["KeyPadded", "PaddingShaped"])
 @pytest.mark.parametrize("name", ["query_permutation", "key_permutation", "batch_independence",
                                   "masked_kv_invariance", "fully_masked_rows"])
@@ -37,6 +38,7 @@ def test_no_mask_it_takes_can_make_it_causal(layer: str, name: str) -> None:
     assert result.verdict == "n/a" and "none has a query axis" in str(result.reason), result
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("layer", ["KeyPaddedFirstItem", "PaddingShapedFirstItem"])
 def test_the_twin_with_one_items_padding_fails(layer: str) -> None:
     result = run_property(PROPS["batch_independence"], load_target(FIXTURE + layer), settings=SETTINGS)

@@ -19,6 +19,7 @@ from mha_verify.properties.strategies.examples import make_example
 from mha_verify.properties.strategies.masks import MaskSpec
 from mha_verify.properties.strategies.size_cases import Sizes
 from mha_verify.properties.targets.eager import load_target
+from tests.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = "tests/fixtures/cached_layers.py:"
@@ -112,18 +113,17 @@ def test_hf_layers_decode_through_their_own_cache_with_no_user_code(spec: str) -
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", "check", "--no-export", "--profile", "ci", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_cli("check", "--no-export", "--profile", "ci", *args)
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_the_correct_layer_passes_the_whole_gate() -> None:
     run = cli("--target", FIXTURE + "CachedAttention")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert " 0 failed" in run.stdout and "decode_consistency" in run.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "example"), [
     ("CacheOffsetByOne", "B=1 Lq=2 Lk=2"),  # shrunk: a prefill of one position and one decode step
     ("ChunkTopLeft", "B=1 Lq=3 Lk=3"),  # shrunk: one position, then a chunk of two

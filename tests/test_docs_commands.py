@@ -253,7 +253,6 @@ def _library(command: str) -> str | None:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 @pytest.mark.parametrize("command", RUNNABLE, ids=_ids)
 def test_each_command_runs(command: Command, tmp_path: Path) -> None:
     library = _library(command.text)

@@ -108,7 +108,7 @@ def test_a_dropout_that_does_not_act_is_a_finding_not_a_pass() -> None:
     assert m.finding is not None and m.finding[0] == "ignored" and f"p={P}" in m.finding[1]
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.parametrize(("layer", "code"), [("BothDropped", 0), ("SharedAcrossHeads", 1)])
 def test_the_gate_passes_the_law_and_fails_a_shared_mask(layer: str, code: int) -> None:
     done = subprocess.run([sys.executable, "-m", "mha_verify.cli", "check", "--no-export", "--profile", "ci",

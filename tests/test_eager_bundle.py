@@ -58,6 +58,7 @@ def _replay(folder: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "replay.py"], cwd=folder, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.deep
 def test_a_wrong_output_replays_standalone_and_passes_once_the_layer_is_fixed(
         softmax_bundle: tuple[CheckResult, Path], tmp_path: Path) -> None:
     result, written = softmax_bundle
@@ -80,6 +81,7 @@ def test_a_wrong_output_replays_standalone_and_passes_once_the_layer_is_fixed(
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
+@pytest.mark.deep
 def test_a_call_that_raises_replays_as_raising(tmp_path: Path) -> None:
     result = _failed("tests.fixtures.kind_layers:KeysViewedWithQueryLength", "oracle_agreement", tmp_path)
     (folder,) = tmp_path.iterdir()
@@ -88,6 +90,7 @@ def test_a_call_that_raises_replays_as_raising(tmp_path: Path) -> None:
     assert got.returncode == 1 and "actual: raised RuntimeError" in got.stdout, got.stdout + got.stderr
 
 
+@pytest.mark.deep
 def test_an_output_of_the_wrong_shape_replays_as_differing(tmp_path: Path) -> None:
     result = _failed("tests.fixtures.kind_layers:KeysViewedLikeEsm", "oracle_agreement", tmp_path)
     (folder,) = tmp_path.iterdir()
@@ -96,6 +99,7 @@ def test_an_output_of_the_wrong_shape_replays_as_differing(tmp_path: Path) -> No
     assert got.returncode == 1 and "actual:" in got.stdout, got.stdout + got.stderr
 
 
+@pytest.mark.deep
 def test_a_failure_no_single_call_shows_gets_no_bundle_and_says_why(tmp_path: Path) -> None:
     result = _failed("tests.mutants:ValuesDetached", "grad_agreement", tmp_path)
     assert str(result.details["bundle"]).startswith("no bundle: the layer's plain call on the counterexample agrees")
@@ -127,6 +131,7 @@ def test_a_bundle_naming_a_callable_that_is_no_layer_runs_nothing(softmax_bundle
     assert not marker.exists()
 
 
+@pytest.mark.deep
 def test_checks_failing_for_one_cause_share_one_bundle(tmp_path: Path) -> None:
     first = _failed("tests.fixtures.kind_layers:KeysViewedWithQueryLength", "oracle_agreement", tmp_path)
     second = _failed("tests.fixtures.kind_layers:KeysViewedWithQueryLength", "head_split", tmp_path)
@@ -139,6 +144,7 @@ def test_checks_failing_for_one_cause_share_one_bundle(tmp_path: Path) -> None:
     assert len(list(tmp_path.iterdir())) == 2
 
 
+@pytest.mark.deep
 def test_a_layer_built_with_a_window_replays_with_its_window(tmp_path: Path) -> None:
     # its constructor takes a window as a sequence (MONAI's Swin ``window_size``): written as a tuple
     _failed("tests.fixtures.window_table_layers:WindowTableTransposed", "oracle_agreement", tmp_path)

@@ -14,6 +14,7 @@ from mha_verify.properties.targets.eager import load_target
 FIXTURE = "tests/fixtures/exact_masks.py:"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "shape", "verdict"), [
     ("ExactB1LL", "shaped (B, 1, Lq, Lk) exactly", "pass"),
     ("ExactHeadsInBatch", "shaped (B * H, Lq, Lk)", "pass"),

@@ -167,6 +167,7 @@ def test_atomic_write_failure_leaves_no_file(tmp_path: Path, monkeypatch: pytest
     assert not fresh.exists()
 
 
+@pytest.mark.deep
 def test_validation_runs_the_property_registry_on_each_session(ts_model: Path) -> None:
     results = validate_model(ts_model, eager=load_target().build(16, 4, seed=0), settings=FAST)
     assert results[0].name.endswith("/interface") and results[0].verdict == "pass"
@@ -182,6 +183,7 @@ def test_validation_runs_the_property_registry_on_each_session(ts_model: Path) -
     assert all(r.stage == "export" for r in results)
 
 
+@pytest.mark.integration
 def test_wrong_weights_fail_with_a_replayable_bundle(ts_model: Path, tmp_path: Path) -> None:
     other = load_target().build(16, 4, seed=5)  # not the weights the model was exported with
     results = validate_model(ts_model, eager=other, settings=FAST, checks=("oracle_agreement", "ort_vs_eager"),

@@ -20,7 +20,7 @@ from mha_verify.properties.onnx.interface import read_interface
 from mha_verify.properties.targets.eager import load_target
 from mha_verify.validation import validate_model
 
-pytestmark = [pytest.mark.slow, pytest.mark.deep]  # dynamo exports (tox -e deep)
+pytestmark = pytest.mark.deep  # dynamo exports (tox -e deep)
 CI = settings(max_examples=40, derandomize=True, deadline=None, database=None)
 NAMES = {"input_names": ["q", "k", "v", "mask"], "output_names": ["out"]}
 

@@ -15,7 +15,7 @@ from mha_verify.mha import MultiHeadAttention
 
 
 @pytest.mark.parametrize("dynamo", [pytest.param(False, id="torchscript"),
-                                    pytest.param(True, id="dynamo", marks=pytest.mark.slow)])
+                                    pytest.param(True, id="dynamo")])
 def test_reference_exports_with_plain_torch_onnx_export(tmp_path: Path, dynamo: bool) -> None:
     torch.manual_seed(0)
     m = MultiHeadAttention(16, 4).eval()

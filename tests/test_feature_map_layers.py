@@ -22,6 +22,7 @@ def _verdicts(name: str, checks: tuple[str, ...]) -> dict[str, str]:
     return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
 
 
+@pytest.mark.deep
 def test_heads_merged_by_a_rearrange_in_to_out_are_read_as_the_standard_merge() -> None:
     assert set(_verdicts("VitOut", ("oracle_agreement", "head_split", "grad_agreement")).values()) == {"pass"}
     assert _verdicts("VitOutNoScale", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
@@ -41,6 +42,7 @@ def test_projections_by_wide_convolutions_are_refused_by_name() -> None:
         "than a sequence (B, L, D), so it cannot be verified yet")
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "twin"), [("ConvProjected", "ConvProjectedDHSplit"),
                                              ("NestLike", "NestLikeSoftmaxOverQueries")])
 def test_a_channels_first_feature_map_through_1x1_convolutions_is_verified_and_its_twin_fails(
@@ -74,6 +76,7 @@ def test_a_layer_that_raises_on_every_call_says_what_it_raised_on_a_feature_map(
     assert "as (2, D, 1, 3) it raised RuntimeError: view size is not compatible" in message
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("d_model", [2, 3, 5, 8])
 def test_a_sequence_given_channels_first_is_read_and_verified_and_its_twin_fails(d_model: int) -> None:
     # at D = 3 the probe's (2, 3, D) would run channels first as a batch-first layer's: its axes avoid D

@@ -52,6 +52,7 @@ def test_a_static_batch_model_is_judged_at_its_batch(tmp_path: Path) -> None:
     assert one_item.verdict == "warn" and "the model fixes B to 2" in (one_item.reason or ""), one_item
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("flag", [[], ["--require-dynamic"]])
 def test_validate_warns_on_a_frozen_axis_unless_asked_to_fail(tmp_path: Path, flag: list[str]) -> None:
     import subprocess

@@ -5,7 +5,6 @@ layers of tests/fixtures/gqa_layers.py with their one-bug twins."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from mha_verify.mha.reference import MHAParams, multi_head, per_head
 from mha_verify.mha.scoring import Scoring
 from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.targets.eager import load_target
+from tests.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = "tests/fixtures/gqa_layers.py:"
@@ -94,11 +94,10 @@ def test_an_hf_layer_is_read_as_repeat_kv_interleaves() -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", "check", "--no-export", "--profile", "ci", *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return run_cli("check", "--no-export", "--profile", "ci", *args)
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize("layer", ["Interleaved", "Tiled"])
 def test_a_layer_of_either_mapping_passes_the_gate(layer: str) -> None:
     run = cli("--target", FIXTURE + layer)
@@ -106,7 +105,7 @@ def test_a_layer_of_either_mapping_passes_the_gate(layer: str) -> None:
     assert " 0 failed" in run.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 @pytest.mark.parametrize("layer", ["TilesDeclaredInterleave", "InterleavesDeclaredTile"])
 def test_a_twin_of_the_other_mapping_fails(layer: str) -> None:
     run = cli("--target", FIXTURE + layer, "--only", "oracle_agreement,grad_agreement")

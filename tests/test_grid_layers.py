@@ -23,6 +23,7 @@ def _verdict(name: str, check: str = "oracle_agreement") -> str:
                         seed=0).verdict
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "layout", "twin"), [("FeatureMap", "B1LD", "FeatureMapNoTranspose"),
                                                        ("TiedRows", "1LBD", "TiedRowsKeysFromValues"),
                                                        ("Patches", "B1LD", "PatchesSoftmaxOverQueries")])
@@ -35,6 +36,7 @@ def test_a_4d_layer_is_read_by_its_attended_axis_and_its_twin_fails(layer: str, 
     assert _verdict(twin) == "fail"
 
 
+@pytest.mark.deep
 def test_a_required_argument_with_no_role_is_given_none_and_said() -> None:
     notes = "; ".join(load_target(FIXTURE + "RequiredNone").build(8, 2).conventions.notes)
     assert "forward's rotary, pos, dense_mask (required, no role the harness reads) given None" in notes

@@ -180,6 +180,7 @@ def test_small_input_mistakes_are_named() -> None:
     assert _replay_command(args, "oracle_agreement").endswith("--database 'db dir'")
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (a device whose writes fail: ENOSPC)")
 def test_a_full_disk_is_one_line_naming_the_file_and_the_other_reports_are_written(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "mha_verify.cli", "--no-export", "--no-isolation", "--max-examples",

@@ -19,7 +19,7 @@ from mha_verify.tasks import Task
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_no_deadlock_when_the_target_runs_parallel_ops_at_import_and_init() -> None:
     # two OpenMP threads: with one, libgomp never starts a pool and a forked worker would not hang
     env = dict(os.environ, OMP_NUM_THREADS="2")
@@ -53,7 +53,7 @@ def _property_task(name: str, target: str | None) -> Task:
         replay=None), examples=3)
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_two_workers_keep_the_order_of_the_tasks_and_a_crash_stays_in_its_task() -> None:
     from mha_verify.isolation import run_tasks
 
@@ -118,7 +118,6 @@ p.join(10)
 """
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("library", ["transformers", "diffusers"])
 def test_a_worker_inherits_the_librarys_modules_and_still_runs_parallel_ops(library: str) -> None:
     pytest.importorskip(library)
@@ -133,7 +132,7 @@ def test_a_worker_inherits_the_librarys_modules_and_still_runs_parallel_ops(libr
     assert had == list(LIBRARY_PRELOAD[library]) and threads == 2 and finite, proc.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_the_memory_limit_is_headroom_over_what_the_worker_has_mapped() -> None:
     """A budget of 256 MiB is below the address space torch alone maps in the worker (as a total it
     would not let the worker import torch), yet a small check runs in it: the limit is what a task

@@ -45,6 +45,7 @@ def test_keyed_settings() -> None:
         PrefixedDatabase(object(), b"x")  # type: ignore[arg-type]
 
 
+@pytest.mark.integration
 def test_profiles_do_not_take_hypothesis_own_ci_profile() -> None:
     """Hypothesis loads its "ci" profile (derandomize, no database) wherever $CI is set; a
     profile of ours that left a setting out took it from there, and `quick` ran derandomized.
@@ -76,13 +77,13 @@ def _stored_failure_replays(generate: Settings, seed: int | None) -> None:
         assert other.examples == 0 and "run no test cases" in (other.reason or ""), other
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_a_stored_failure_replays_for_its_own_property_and_target_only(tmp_path: Path) -> None:
     _stored_failure_replays(Settings(profiles.PROFILES["quick"], max_examples=20,
                                      database=DirectoryBasedExampleDatabase(str(tmp_path / "db"))), seed=None)
 
 
-@pytest.mark.slow
+@pytest.mark.deep
 def test_the_ci_profile_with_a_database_stores_and_replays(tmp_path: Path) -> None:
     """`--database` with the ci profile draws from a fixed seed; Hypothesis's @seed drops the
     database from the settings it finds, so the runner puts its settings on after the seed."""

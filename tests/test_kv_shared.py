@@ -33,6 +33,7 @@ def test_lk_equals_lv_cannot_apply_to_one_argument() -> None:
     assert result.verdict == "n/a" and "one argument" in (result.reason or "")
 
 
+@pytest.mark.deep
 def test_values_projected_from_the_queries_fail_where_self_attention_passes() -> None:
     result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + "ValuesFromQueries"),
                           settings=QUICK, seed=0)
@@ -40,6 +41,7 @@ def test_values_projected_from_the_queries_fail_where_self_attention_passes() ->
     assert "Lq=" in (result.counterexample or "")
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("StatesScaleOne", "pass"), ("StatesScaleOneInt", "pass"),
                                                ("StatesScaleOneAppliesRootHd", "fail")])
 def test_a_scale_stated_in_the_layers_scaling_attribute_is_applied_by_the_oracle(layer: str, verdict: str) -> None:

@@ -68,6 +68,7 @@ def test_a_step_beyond_the_oracle_is_named_and_the_oracle_checks_are_n_a(spec: s
     assert result.reason is not None and step in result.reason and "checks against the oracle are n/a" in result.reason
 
 
+@pytest.mark.deep
 def test_every_check_against_the_oracle_is_n_a_and_the_laws_run() -> None:
     results = {c: _run(LAWS + "GatedMasked", c) for c in (*ORACLE_CHECKS, "masked_kv_invariance",
                                                           "batch_independence", "query_permutation", "gradcheck")}
@@ -83,6 +84,7 @@ def test_a_positional_step_leaves_the_permutation_laws_n_a_naming_it() -> None:
     assert "depends on positions" in str(result.reason)
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("correct", "twin", "laws"), [
     ("GatedMasked", "GatedMaskedPooled", ("masked_kv_invariance",)),
     ("RelativeCausal", "RelativeCausalLeak", ("no_future_leak", "prefix_consistency")),
@@ -126,6 +128,7 @@ def test_steps_under_which_the_laws_do_not_hold_are_still_refused(spec: str, sai
         load_target(spec).build(8, 2).conventions  # noqa: B018 (read for the refusal)
 
 
+@pytest.mark.deep
 def test_a_grid_layout_read_at_one_size_holds_where_no_probe_can_read_it() -> None:
     # at C = 1 its LayerNorm gives its bias whatever the input: nothing moves, and the probe alone would
     # call it batch-first on a 3-D input it asserts against (vit-pytorch's relative-bias layer failed so)
@@ -141,6 +144,7 @@ def test_a_convolution_over_positions_is_refused_by_name() -> None:
         load_target(LAWS + "ShortConvolved").build(8, 2).conventions  # noqa: B018 (read for the refusal)
 
 
+@pytest.mark.deep
 def test_mask_forms_the_layer_raises_on_as_read_are_not_drawn_and_said() -> None:
     target = load_target(LAWS + "TokenMasked")
     assert target.mask_refused is not None
@@ -167,6 +171,7 @@ def test_a_rotary_of_its_own_is_drawn_at_even_head_widths_only() -> None:
     assert result.verdict == "pass" and result.examples >= 5, result
 
 
+@pytest.mark.deep
 def test_a_scoring_behind_a_branch_this_instance_skips_is_not_read_as_its_own() -> None:
     # open_clip's: cosine attention under ``if self.logit_scale is not None:``, None as built by default
     conv = load_target(LAWS + "CosineOptIn").build(8, 2).conventions

@@ -88,6 +88,7 @@ def test_a_cut_block_computes_the_nodes_attention_with_its_projections(graphs: d
     np.testing.assert_allclose(got, want.numpy(), atol=1e-5)
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("form", ["fused", "mha"])
 def test_blocks_are_verified_by_the_registry_and_named(graphs: dict[str, Path], form: str) -> None:
     """The packed form (``Attention``) and the separate one (three MatMuls, then ``MultiHeadAttention``
@@ -101,6 +102,7 @@ def test_blocks_are_verified_by_the_registry_and_named(graphs: dict[str, Path], 
     assert "Attention_0 takes the attention mask as lengths" in done.stdout
 
 
+@pytest.mark.deep
 def test_a_node_scaled_by_another_head_size_fails_named(graphs: dict[str, Path]) -> None:
     """The twin's node says scale 1/sqrt(D): the whole model disagrees with its eager model, and the
     block names the attribute that makes it so."""
@@ -111,6 +113,7 @@ def test_a_node_scaled_by_another_head_size_fails_named(graphs: dict[str, Path])
     assert "scale 0.25 where the eager model's is 1/sqrt(head_dim 4) = 0.5" in done.stdout
 
 
+@pytest.mark.deep
 def test_no_blocks_skips_them_and_is_refused_for_a_layer_file(graphs: dict[str, Path]) -> None:
     done = _validate(graphs["fused"], "--no-blocks")
     assert done.returncode == 0 and "block Attention_0" not in done.stdout, done.stdout + done.stderr
@@ -166,6 +169,7 @@ def test_a_cut_grouped_block_computes_the_models_attention(grouped: dict[str, Pa
     assert torch.equal(params.w_o, eager.out.weight.detach())
 
 
+@pytest.mark.deep
 def test_a_grouped_block_is_verified_and_its_cache_departure_fails(grouped: dict[str, Path]) -> None:
     """The block holds under the registry (GQA, rotary, causal bottom-right read from the node); the twin
     whose cos/sin caches hold base 500000 where the eager config says 10000 fails the whole model and
@@ -205,6 +209,7 @@ def attention_op(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
+@pytest.mark.deep
 def test_onnx_attention_op_blocks_are_extracted_and_verified(attention_op: dict[str, Path]) -> None:
     """torch.onnx at opset 23 writes scaled_dot_product_attention as the ONNX ``Attention`` op, q/k/v
     from one packed Linear split in three, weights beside the model as external data: each node is
@@ -223,6 +228,7 @@ def test_onnx_attention_op_blocks_are_extracted_and_verified(attention_op: dict[
         assert row[3] == "ok" and int(row[2]) > 0, done.stdout
 
 
+@pytest.mark.deep
 def test_a_mask_the_onnx_op_broadcasts_and_onnxruntime_refuses_fails(attention_op: dict[str, Path]) -> None:
     """A (B, 1, 1, L) key-padding mask, broadcastable as the ONNX operator says, is refused by onnxruntime's
     CPU kernel at run time (it requires the query axis): the model and each block fail, the cause named."""

@@ -52,6 +52,7 @@ def test_the_schedule_is_a_prefill_single_tokens_and_a_chunk() -> None:
         spans(1, 0)
 
 
+@pytest.mark.deep
 def test_a_decoder_with_its_cache_passes_every_relation(exported: dict[str, Path]) -> None:
     done = _validate(exported["decoder"], "decoder")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -61,6 +62,7 @@ def test_a_decoder_with_its_cache_passes_every_relation(exported: dict[str, Path
         assert _verdict(done.stdout, check) == "ok", done.stdout
 
 
+@pytest.mark.integration
 def test_a_decode_step_whose_causal_mask_is_aligned_top_left_fails_the_cache_relation(
         exported: dict[str, Path], tmp_path: Path) -> None:
     """The twin's full forward is the decoder's (every other relation holds): only prefill + decode

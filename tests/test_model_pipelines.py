@@ -22,7 +22,7 @@ import pipeline_models  # noqa: E402
 
 CHECKS = ("outputs_agree", "padding_invariance", "batch_independence", "fully_padded_finite", "cache_consistency")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.deep  # whole-model pipelines (tox -e optimum, tox -e genai)
 
 
 def _needs(module: str, env: str) -> None:

@@ -50,6 +50,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.deep
 def test_a_correct_export_passes_every_relation(exported: dict[str, Path]) -> None:
     done = _validate(exported["encoder"], "encoder")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -60,6 +61,7 @@ def test_a_correct_export_passes_every_relation(exported: dict[str, Path]) -> No
     assert "inputs input_ids <- input_ids, attention_mask <- attention_mask" in done.stdout
 
 
+@pytest.mark.deep
 def test_a_graph_whose_mask_is_dropped_in_one_layer_fails(exported: dict[str, Path]) -> None:
     done = _validate(exported["mask_dropped"], "encoder")
     assert done.returncode == 1, done.stdout + done.stderr
@@ -67,6 +69,7 @@ def test_a_graph_whose_mask_is_dropped_in_one_layer_fails(exported: dict[str, Pa
     assert verdicts["outputs_agree"] == "FAIL" and verdicts["padding_invariance"] == "FAIL", done.stdout
 
 
+@pytest.mark.deep
 def test_positions_off_by_one_fail_where_the_eager_model_counts_real_tokens(exported: dict[str, Path]) -> None:
     ok = _validate(exported["mask_positions"], "mask_positions")
     assert ok.returncode == 0, ok.stdout + ok.stderr
@@ -213,6 +216,7 @@ def test_onnxruntimes_optimizer_on_a_bert_export_is_verified_under_right_padding
     assert [(row[1], row[3]) for row in blocks] == [("Attention_0", "ok"), ("Attention_1", "ok")], done.stdout
 
 
+@pytest.mark.deep
 def test_a_fully_padded_item_that_differs_fails_where_nothing_declares_padding(exported: dict[str, Path]) -> None:
     """A graph whose fully padded items average every key where the eager model's SDPA gives zeros
     (what torch.onnx's dynamo exporter does at opset 20; onnxscript#2479 made the export match aten's
@@ -246,6 +250,7 @@ def test_the_precision_is_read_from_the_outputs_or_the_weights_and_bfloat16_is_r
                                "so it is not validated here (float32 and float16 are)")
 
 
+@pytest.mark.deep
 def test_a_float16_conversion_is_held_with_the_allowance_of_the_eager_model_in_float16(tmp_path: Path) -> None:
     """onnxruntime's float16 converter on the plain encoder: every relation holds within the eager
     model's own float16 error (a float32 allowance would fail it, 1e-3 against 1e-6)."""

@@ -17,7 +17,9 @@ from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.targets.eager import Target
 from tests.mutants import BOUNDARY_MUTANTS, CATALOG, _Explicit
 
-pytestmark = pytest.mark.deep  # the mutant catalog, one gate run per mutant (tox -e deep)
+# the mutant catalog, one gate run per mutant (tox -e deep); its checks reach D = 1024 (head_split on a mutant
+# peaks near 10 GB), so its tests share one xdist worker (--dist loadgroup) and never run two side by side
+pytestmark = [pytest.mark.deep, pytest.mark.xdist_group("memory")]
 
 SETTINGS = profiles.PROFILES[profiles.profile_name()]
 

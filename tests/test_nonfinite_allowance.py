@@ -13,6 +13,7 @@ from mha_verify.properties.targets.eager import load_target
 FIXTURE = "tests/fixtures/nan_declaring.py:"
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "prop"), [("OffUnderInferenceMode", "inference_mode_agreement"),
                                              ("OffInTrainingMode", "train_mode_agreement")])
 def test_a_nan_declaring_layer_off_in_one_mode_fails(layer: str, prop: str) -> None:

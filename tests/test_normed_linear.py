@@ -7,6 +7,8 @@ input norm the oracle could not place is one more step of such a layer, not a re
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
@@ -20,6 +22,7 @@ def _verdicts(name: str, checks: tuple[str, ...]) -> dict[str, str]:
     return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
 
 
+@pytest.mark.deep
 def test_linear_attention_with_a_normed_output_block_is_read_and_held_by_the_laws() -> None:
     conv = load_target(FIXTURE + "NormedLinearAttention").build(8, 2).conventions
     assert conv.layout == "BDL" and not conv.beyond_positional
@@ -32,10 +35,12 @@ def test_linear_attention_with_a_normed_output_block_is_read_and_held_by_the_law
         "query_permutation": "pass", "batch_independence": "pass", "gradcheck": "pass", "oracle_agreement": "n/a"}
 
 
+@pytest.mark.deep
 def test_a_twin_scrambling_positions_in_its_head_merge_fails_the_permutation_law() -> None:
     assert _verdicts("NormedLinearAttentionScrambled", ("query_permutation",)) == {"query_permutation": "fail"}
 
 
+@pytest.mark.deep
 def test_an_input_norm_the_oracle_cannot_place_is_a_step_of_a_layer_held_by_the_laws_anyway() -> None:
     # simple-diffusion's RMSNorm over channels: before, the build was refused ("computes neither RMSNorm,
     # LayerNorm nor an L2 norm ... a QK-norm the oracle does not model"), though no check needs the oracle

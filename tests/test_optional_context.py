@@ -5,6 +5,8 @@ taking the context."""
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
@@ -18,6 +20,7 @@ def _verdict(name: str, check: str) -> str:
                         seed=0).verdict
 
 
+@pytest.mark.deep
 def test_a_context_the_layer_refuses_as_built_is_not_given_and_said() -> None:
     conventions = load_target(FIXTURE + "LookLike").build(8, 2).conventions
     assert not conventions.cross_attention

@@ -36,7 +36,6 @@ def _wheel_modules(wheel: Path) -> list[str]:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 def test_the_wheel_and_the_sdist_hold_every_module_once(tmp_path: Path) -> None:
     """The sdist holds each source file once, as a plain file (no links); the wheel built from that
     sdist (as pip builds one) and the wheel built from the tree each hold every module once, under
@@ -74,7 +73,6 @@ def test_the_wheel_and_the_sdist_hold_every_module_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.deep
-@pytest.mark.slow
 def test_a_user_project_with_its_own_properties_and_export_modules(tmp_path: Path) -> None:
     """A project whose own modules are named properties.py and export.py keeps them, and the plugin
     still runs the suite against its layer: our packages live under mha_verify only."""

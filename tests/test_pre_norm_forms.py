@@ -22,6 +22,7 @@ def _verdicts(name: str, checks: tuple[str, ...] = CHECKS) -> dict[str, str]:
     return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
 
 
+@pytest.mark.deep
 def test_a_cross_attention_layer_normalizing_its_queries_alone_is_verified() -> None:
     conv = load_target(FIXTURE + "CrossQueryNormed").build(8, 2).conventions
     assert conv.input_norm is not None and conv.context_norm is None and conv.cross_attention
@@ -30,6 +31,7 @@ def test_a_cross_attention_layer_normalizing_its_queries_alone_is_verified() -> 
     assert _verdicts("CrossQueryNormedContextToo", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 def test_a_context_with_a_norm_of_its_own_is_normalized_by_it() -> None:
     conv = load_target(FIXTURE + "CrossContextNormed").build(8, 2).conventions
     assert conv.input_norm is not None and conv.context_norm is not None
@@ -39,6 +41,7 @@ def test_a_context_with_a_norm_of_its_own_is_normalized_by_it() -> None:
     assert _verdicts("CrossContextNormedKeysFromQueries", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 def test_a_qk_norm_gain_without_a_softmax_scale_is_read_as_scale_one() -> None:
     conv = load_target(FIXTURE + "QkGainNoScale").build(8, 2).conventions
     assert conv.scale == 1.0
@@ -49,6 +52,7 @@ def test_a_qk_norm_gain_without_a_softmax_scale_is_read_as_scale_one() -> None:
     assert _verdicts("QkGainNoScaleSwappedGains", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 def test_a_missing_scale_without_a_qk_norm_is_still_the_textbook_bug() -> None:
     conv = load_target(FIXTURE + "NoScaleNoNorm").build(8, 2).conventions
     assert conv.scale is None
@@ -64,6 +68,7 @@ def test_a_second_mask_argument_does_not_decide_the_first_ones_layout(check: str
     assert _verdicts("TwoMasks", (check,)) == {check: "pass"}
 
 
+@pytest.mark.deep
 def test_a_join_under_a_flag_off_by_default_is_not_taken() -> None:
     """cross-vit: ``if kv_include_self: context = torch.cat((x, context))``, the flag False by default:
     verified as the cross-attention the default call computes."""
@@ -73,6 +78,7 @@ def test_a_join_under_a_flag_off_by_default_is_not_taken() -> None:
     assert _verdicts("CrossSelfJoinFlaggedScaledTwice", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("name", "twin", "said"), [
     ("JoinedContext", "JoinedContextFirstKeyDropped", "context is concatenated to x as keys and values"),
     ("ContextNormNotBuilt", "ContextNormNotBuiltNormedTwice", "its context norm (norm_context) is None as built"),

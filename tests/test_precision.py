@@ -93,11 +93,13 @@ def test_gradients_of_a_float32_softmax_are_still_held_in_float32() -> None:
     assert result.verdict == "pass" and result.examples > 0, result
 
 
+@pytest.mark.deep
 def test_a_gradient_bug_computed_in_float64_still_fails_gradcheck() -> None:
     result = run_property(all_properties()["gradcheck"], _target(ValuesDetached), settings=SETTINGS)
     assert result.verdict == "fail" and result.kind is None, result
 
 
+@pytest.mark.deep
 def test_a_float16_softmax_for_float32_inputs_fails_in_the_layers_own_dtype() -> None:
     result = run_property(all_properties()["oracle_agreement"], _target(SoftmaxInFloat16), settings=SETTINGS)
     assert result.verdict == "fail", result

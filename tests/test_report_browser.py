@@ -26,7 +26,7 @@ CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.slow,
+    pytest.mark.integration,  # a real Chromium process
     pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install chromium)"),
 ]
 

@@ -66,6 +66,7 @@ def test_rotary_is_read_from_the_layers_config_and_declarable() -> None:
         Conventions().declare({"rotary": {"reverse": 1}})
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [
     ("RotaryAttention", "pass"), ("InterleavedPairs", "fail"), ("KeysOnePositionOff", "fail"), ("WrongBase", "fail"),
 ])
@@ -74,6 +75,7 @@ def test_a_layers_own_rotary_is_verified(layer: str, verdict: str) -> None:
     assert result.verdict == verdict and result.examples >= 5, result
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("InterleavedRotary", "pass"),
                                                ("InterleavedAnglesHalvesPairs", "fail")])
 def test_a_rotate_half_of_neighbouring_columns_is_read_as_interleaved(layer: str, verdict: str) -> None:
@@ -97,6 +99,7 @@ def test_a_reverse_rotary_undoes_the_forward_one(interleaved: bool) -> None:
     torch.testing.assert_close(Rotary(interleaved=interleaved, reverse=True).apply(turned), x)
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "rotary", "verdict"), [
     ("rotary_reversed.py:ReversedRotary", Rotary(reverse=True), "pass"),
     ("rotary_reversed.py:ReversedQueriesForwardKeys", Rotary(reverse=True), "fail"),
@@ -127,6 +130,7 @@ def test_a_rotary_no_formula_matches_is_replaced_by_a_rotation_by_zero_and_said(
     assert result.verdict == "pass" and result.examples >= 5, result
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("FullAttentionLayer", "pass"),
                                                ("FullAttentionAtSlidingBase", "fail")])
 def test_a_layer_types_own_rotary_is_read_from_its_config(layer: str, verdict: str) -> None:

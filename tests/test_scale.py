@@ -23,6 +23,7 @@ FIXTURE = "tests/fixtures/sdpa_layers.py:"
 QUICK = profiles.PROFILES["quick"]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("UnscaledDeclared", "pass"), ("Unscaled", "fail"),
                                                 ("DeclaresOneButScalesByRootHd", "fail")])
 def test_the_oracle_applies_the_declared_scale(layer: str, verdict: str) -> None:

@@ -4,6 +4,8 @@ torchscale's MultiheadAttention is); its twin merging the heads wrongly still fa
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
@@ -17,6 +19,7 @@ def _verdict(name: str, check: str) -> str:
                         seed=0).verdict
 
 
+@pytest.mark.deep
 def test_the_clean_up_before_the_mask_is_read_as_no_guard() -> None:
     conv = load_target(FIXTURE + "ScoresCleaned").build(8, 2).conventions
     assert conv.fully_masked == "nan", conv.notes
@@ -25,6 +28,7 @@ def test_the_clean_up_before_the_mask_is_read_as_no_guard() -> None:
         assert _verdict("ScoresCleaned", check) == "pass", check
 
 
+@pytest.mark.deep
 def test_its_twin_merging_the_heads_wrongly_still_fails() -> None:
     assert load_target(FIXTURE + "ScoresCleanedUnmerged").build(8, 2).conventions.fully_masked == "nan"
     assert _verdict("ScoresCleanedUnmerged", "oracle_agreement") == "fail"

@@ -116,6 +116,7 @@ def test_qk_norms_and_bias_tables_are_read_from_the_layer(layer: str, reads: str
     assert reads in load_target(FIXTURE + layer).build(8, 2).conventions.describe()
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [
     ("QKNormPerHead", "pass"), ("QKNormKeyNormSkipped", "fail"),
     ("QKNormAllHeads", "pass"), ("QKNormAllHeadsSplitFirst", "fail"),
@@ -130,6 +131,7 @@ def test_each_convention_is_verified_and_its_one_bug_twin_fails(layer: str, verd
     assert result.verdict == verdict and result.examples >= 2, result
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("Windowed", "pass"), ("WindowOffByOne", "fail")])
 def test_window_locality_sees_a_window_one_key_too_wide(layer: str, verdict: str) -> None:
     result = run_property(all_properties()["window_locality"], load_target(FIXTURE + layer), settings=QUICK, seed=0)
@@ -147,6 +149,7 @@ def test_window_locality_is_na_without_a_window_and_heads_coupled_by_a_norm_skip
     assert result.verdict == "n/a" and "position biases make the scores depend on positions" in str(result.reason)
 
 
+@pytest.mark.deep
 def test_a_layer_with_a_norm_it_never_applies_fails_instead_of_being_refused() -> None:
     # kv_layers.QKNormed holds a q_norm its forward ignores: the oracle applies it, the layer does not
     target = load_target("tests/fixtures/kv_layers.py:QKNormed")

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_run import run_cli
+
 pytest.importorskip("distributed", reason="the search engine is an optional extra: pip install 'mha-verify[search]'")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +29,7 @@ def _example(out: str) -> str:
     return lines[0]
 
 
+@pytest.mark.integration
 def test_search_finds_saves_and_check_replays(tmp_path: Path) -> None:
     db = str(tmp_path / "db")
     start = time.perf_counter()
@@ -50,13 +53,13 @@ def test_search_finds_saves_and_check_replays(tmp_path: Path) -> None:
     (["--database", "d", "--seconds", "5", "--only", "nope"], "unknown properties nope"),
 ])
 def test_bad_use_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
-    got = subprocess.run([sys.executable, "-m", "mha_verify.cli", "search", *args], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+    got = run_cli("search", *args, cwd=tmp_path)
     assert got.returncode == 2, got.stdout + got.stderr
     assert message in got.stderr and "Traceback" not in got.stderr
     assert len(got.stderr.strip().splitlines()) == 1, got.stderr
 
 
+@pytest.mark.integration
 def test_unreachable_scheduler_is_a_usage_error(tmp_path: Path) -> None:
     got = cli("search", "--only", "rows_sum_to_one", "--database", str(tmp_path / "db"), "--seconds", "5",
               "--scheduler", "tcp://127.0.0.1:9", timeout=120)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -17,15 +16,15 @@ import pytest
 
 from mha_verify.isolation import default_jobs
 from mha_verify.search import _within
+from tests.cli_run import run_cli, run_cli_process
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_DASK = importlib.util.find_spec("distributed") is not None
 
 
-def cli(*args: str, timeout: float) -> tuple[subprocess.CompletedProcess[str], float]:
+def cli(*args: str, timeout: float | None = None) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.perf_counter()
-    got = subprocess.run([sys.executable, "-m", "mha_verify.cli", "search", *args], cwd=ROOT, capture_output=True,
-                         text=True, timeout=timeout)
+    got = run_cli("search", *args) if timeout is None else run_cli_process("search", *args, timeout=timeout)
     return got, time.perf_counter() - start
 
 
@@ -34,14 +33,12 @@ def _one_line(err: str) -> None:
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, f"stderr should be one line, got {err!r}"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("extra", [1, 998], ids=["one-above-the-cores", "a-thousand-odd"])
 def test_workers_beyond_the_cores_are_refused_before_any_cluster_starts(extra: int, tmp_path: Path) -> None:
     most = default_jobs()
     asked = most + extra
     db = tmp_path / "db"
-    got, wall = cli("--database", str(db), "--seconds", "30", "--only", "rows_sum_to_one", "--workers", str(asked),
-                    timeout=120)
+    got, wall = cli("--database", str(db), "--seconds", "30", "--only", "rows_sum_to_one", "--workers", str(asked))
     assert got.returncode == 2, got.stdout + got.stderr
     assert f"argument --workers: expected at most {most} (the cores this machine lets it use)" in got.stderr, got.stderr
     assert f"got {asked}" in got.stderr, got.stderr
@@ -79,7 +76,7 @@ def silent_scheduler() -> Iterator[str]:
         server.close()
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.skipif(not HAS_DASK, reason="the search engine is an optional extra: pip install 'mha-verify[search]'")
 def test_a_scheduler_that_never_answers_is_a_prompt_usage_error(silent_scheduler: str, tmp_path: Path) -> None:
     # before: Client(timeout=...) bounds the TCP connect, not the handshake read; it hung for minutes

@@ -49,11 +49,13 @@ def test_a_sequence_first_layer_passes_called_in_its_layout(name: str) -> None:
     assert result.verdict == "pass" and result.examples > 0, result
 
 
+@pytest.mark.deep
 def test_its_twin_still_fails() -> None:
     result = run_property(PROPS["oracle_agreement"], load_target(FIXTURE + "SeqFirstUnscaled"), settings=SETTINGS)
     assert result.verdict == "fail", result
 
 
+@pytest.mark.deep
 def test_a_declared_layout_wins() -> None:
     bound = load_target("tests.test_seq_first:DeclaredBatchFirst").build(16, 2)
     assert bound.conventions.layout == "batch_first"

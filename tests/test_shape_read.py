@@ -32,6 +32,7 @@ def test_projections_are_read_from_their_shapes(name: str, layout: str) -> None:
     assert any("read from their shapes" in n for n in bound.conventions.notes), bound.conventions.notes
 
 
+@pytest.mark.deep
 def test_a_mask_read_only_as_a_switch_is_said_so_and_the_rest_is_verified() -> None:
     conv = load_target(FIXTURE + "SpeechStyle").build(8, 2).conventions
     assert not conv.mask and conv.cross_attention
@@ -40,6 +41,7 @@ def test_a_mask_read_only_as_a_switch_is_said_so_and_the_rest_is_verified() -> N
     assert _verdicts("SpeechStyleKeyBiasOnValues", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 def test_a_key_padding_keep_mask_is_read_from_the_source() -> None:
     conv = load_target(FIXTURE + "PerceiverStyle").build(8, 2).conventions
     assert conv.mask == frozenset({"bool"}) and conv.fully_masked == "uniform"
@@ -51,11 +53,13 @@ def test_a_key_padding_keep_mask_is_read_from_the_source() -> None:
     assert _verdicts("PerceiverStyleMaskFirstItem", ("batch_independence",)) == {"batch_independence": "fail"}
 
 
+@pytest.mark.deep
 def test_a_fused_projection_read_by_shape_is_verified_and_its_twin_fails() -> None:
     assert set(_verdicts("VisionStyle", ("oracle_agreement", "head_split")).values()) == {"pass"}
     assert _verdicts("VisionStyleHeadsMixed", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 def test_a_pre_norm_inside_a_self_attention_layer_is_applied_by_the_oracle_and_its_twin_fails() -> None:
     conv = load_target(FIXTURE + "PreNormed").build(8, 2).conventions
     assert conv.input_norm is not None and conv.input_norm.kind == "layer"

@@ -19,6 +19,7 @@ from mha_verify.properties.engine.results import CheckResult
 from mha_verify.shards import EXPECTED_SECONDS, Shard, assign, parse_shard, select
 from mha_verify.sweep import shard_of
 from mha_verify.sweep_classes import Found
+from tests.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANT = "tests/mutants.py:MaskPolarityInverted"
@@ -27,8 +28,7 @@ ONLY = ("rows_sum_to_one,determinism,mask_zeroes_weights,fully_masked_rows,lk_eq
 
 
 def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
+    return run_cli(*args, cwd=cwd)
 
 
 def popen(*args: str) -> subprocess.Popen[str]:
@@ -95,6 +95,7 @@ def test_sweep_shards_by_measured_costs(tmp_path: Path) -> None:
         measured_costs(tmp_path / "bad.json")
 
 
+@pytest.mark.integration
 def test_sharded_check_merges_into_the_single_run(tmp_path: Path) -> None:
     """Three shards as three processes, against a mutant that fails some checks: the merged JSON,
     JUnit and exit code are the single run's."""

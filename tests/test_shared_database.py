@@ -50,6 +50,7 @@ def _shared_failure_replays(database: str, empty: str) -> None:
     assert _counterexample(replayed.stdout) == _counterexample(found.stdout)
 
 
+@pytest.mark.integration
 def test_failure_shared_through_a_folder(tmp_path: Path) -> None:
     _shared_failure_replays(str(tmp_path / "shared"), str(tmp_path / "empty"))
 
@@ -63,6 +64,7 @@ def test_failure_shared_through_redis(redis_url: str) -> None:
     assert any(b"oracle_agreement|" in k for k in keys), keys  # keyed by property and target
 
 
+@pytest.mark.integration
 def test_unreachable_redis_is_a_usage_error_without_the_password() -> None:
     pytest.importorskip("redis")
     got = cli(*CHECK, "--max-examples", "1", "--database", f"redis://:hunter2@127.0.0.1:{free_port()}/0")

@@ -5,6 +5,8 @@ the line quoted, not as a FAIL; a twin whose masked keys keep a weight still fai
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
@@ -32,6 +34,7 @@ def test_the_shift_is_read_and_its_rounding_is_a_precision_policy_not_a_fail() -
     assert results["oracle_agreement"] == ("pass", None)
 
 
+@pytest.mark.deep
 def test_masked_keys_that_keep_a_weight_still_fail_the_mask_checks() -> None:
     results = _results("ShiftedScoresFiniteFill")
     assert results["masked_kv_invariance"][0] == "fail" and results["masked_grad_zero"][0] == "fail", results

@@ -41,6 +41,7 @@ def _run(budget: float, monkeypatch: pytest.MonkeyPatch, settings: Settings, *, 
     return result, built
 
 
+@pytest.mark.deep
 def test_a_spent_budget_ends_shrinking_with_the_genuine_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     db = InMemoryExampleDatabase()
     with_db = Settings(profiles.PROFILES["ci"], derandomize=False, database=db)
@@ -61,6 +62,7 @@ def test_a_spent_budget_ends_shrinking_with_the_genuine_failure(monkeypatch: pyt
     assert replayed.verdict == "fail" and replayed.counterexample == spent.counterexample, (replayed, spent)
 
 
+@pytest.mark.deep
 def test_the_counterexample_does_not_depend_on_the_machines_speed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same ci run on a machine whose every clock reading is 1 s apart and on one where they are
     100 s apart (a forward 100 times slower): the same counterexample, no safety-net remark."""

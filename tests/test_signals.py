@@ -32,7 +32,7 @@ def _marked(mark: str) -> list[int]:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc (Linux)")
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["TERM", "INT"])
 def test_a_signal_ends_every_process_of_the_run(signum: int, code: int, tmp_path: Path) -> None:

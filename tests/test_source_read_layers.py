@@ -25,6 +25,7 @@ def _verdicts(name: str, checks: tuple[str, ...]) -> dict[str, str]:
     return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("layer", "twin"), [("AttrHeads", "AttrHeadsNoTranspose"),
                                              ("ParamInProj", "ParamInProjSwapped"),
                                              ("SharedQK", "SharedQKSwapped")])
@@ -34,6 +35,7 @@ def test_a_layer_read_from_what_it_shows_passes_and_its_twin_fails(layer: str, t
     assert _verdicts(twin, ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 
 
+@pytest.mark.deep
 def test_a_bool_mask_turned_additive_in_two_lines_is_read_as_torch_mhas_and_its_twin_fails() -> None:
     checks = ("oracle_agreement", "bool_equals_additive", "masked_kv_invariance")
     assert _verdicts("ParamInProjTwoLines", checks) == dict.fromkeys(checks, "pass")
@@ -54,6 +56,7 @@ def test_the_head_count_and_mask_are_said_where_they_were_read() -> None:
     assert "head count from its einops split" in notes
 
 
+@pytest.mark.deep
 def test_a_kernel_without_backward_leaves_the_forward_verified_and_gradients_inherited() -> None:
     target = load_target(FIXTURE + "NoBackward")
     assert target.grads_refused == "NotImplementedError: kernel_without_backward does not support backward on CPU"
@@ -77,6 +80,7 @@ def test_a_layer_with_no_attention_is_refused_by_name(layer: str, said: str) -> 
     assert str(info.value).startswith(said)
 
 
+@pytest.mark.deep
 def test_key_padding_given_as_lengths_is_drawn_as_right_padding_and_said() -> None:
     conv = load_target(FIXTURE + "Lengths").build(8, 2).conventions
     assert conv.mask_lengths and conv.fully_masked == "nan"
@@ -96,6 +100,7 @@ def test_lengths_are_read_from_right_padding_only() -> None:
         lengths_of(torch.ones(2, 3, dtype=torch.bool).tril(), B=1, Lk=3)  # per query
 
 
+@pytest.mark.deep
 def test_a_lora_linear_left_uninitialized_is_read_and_drawn_alike_in_every_instance() -> None:
     target = load_target(FIXTURE + "LoraAttention")
     bound = target.build(8, 2, seed=3)

@@ -5,6 +5,8 @@ helper for SDPA, are read as removing where True, and a twin inverting them back
 
 from __future__ import annotations
 
+import pytest
+
 from mha_verify.properties.engine.profiles import PROFILES
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
@@ -26,6 +28,7 @@ def test_a_rotation_by_a_function_of_its_module_is_a_step_of_its_own() -> None:
     assert _verdicts("RopeWhenGiven", ("oracle_agreement",)) == {"oracle_agreement": "pass"}
 
 
+@pytest.mark.deep
 def test_masks_inverted_by_a_helper_for_sdpa_are_read_and_a_twin_inverting_them_back_fails() -> None:
     conv = load_target(FIXTURE + "RopeUnion").build(8, 2).conventions
     assert conv.mask == frozenset({"bool"})

@@ -115,6 +115,7 @@ def test_sigterm_ends_the_sweep_and_its_running_checks(tmp_path: Path) -> None:
     assert left.stdout.strip() == "", left.stdout
 
 
+@pytest.mark.integration
 def test_a_narrower_run_into_the_same_folder_keeps_the_rows_it_did_not_select(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
     first = sweep("--out", str(out), "--build-only", "--match", "(Good|NoScale)Attention$", timeout=120)

@@ -14,15 +14,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_run import run_cli, run_cli_process
+
 ROOT = Path(__file__).resolve().parents[1]
 LIB = "tests.fixtures.fakelib"
 # the caller's PYTHONPATH after ours: an earlier package copy put there is what runs (for "before" figures)
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def cli(*args: str, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mha_verify.cli", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=env or ENV)
+def cli(*args: str, env: dict[str, str] | None = None,
+        timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    """In this process; in a process of its own where the process is what is tested (``timeout``)."""
+    if timeout is None:
+        return run_cli(*args, env=env or ENV)
+    return run_cli_process(*args, env=env or ENV, timeout=timeout)
 
 
 def one_line_refusal(proc: subprocess.CompletedProcess[str], words: str) -> None:
@@ -38,6 +43,7 @@ def build_only_table(out: Path, match: str = "(Good|NoScale)Attention$") -> dict
     return json.loads((out / "sweep.json").read_text())
 
 
+@pytest.mark.integration
 def test_two_sweeps_into_one_folder_keep_every_row(tmp_path: Path) -> None:
     """The first holds the folder while it builds (a class that hangs for --build-timeout); the
     second, started meanwhile, is refused at once and writes nothing; run after, it adds its rows
@@ -65,6 +71,7 @@ def test_two_sweeps_into_one_folder_keep_every_row(tmp_path: Path) -> None:
     assert rows == {"GoodAttention": "built", "HangingAttention": "hung while built", "NoScaleAttention": "built"}
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("field", "value", "words"), [
     ("verified", "3", "'verified' must be a count, got '3'"),
     ("causes", {"a cause": "oracle_agreement"}, "'causes' must be {cause: [check, ...]}"),
@@ -103,6 +110,7 @@ def _shard_tables(tmp_path: Path) -> list[Path]:
     return parts
 
 
+@pytest.mark.deep
 def test_merge_refuses_an_output_linked_onto_a_part_and_a_build_only_part_beside_a_checked_one(
         tmp_path: Path) -> None:
     one, two = _shard_tables(tmp_path)
@@ -122,6 +130,7 @@ def test_merge_refuses_an_output_linked_onto_a_part_and_a_build_only_part_beside
                      "one is a --build-only sweep and the other checked its classes")
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize(("edit", "words"), [
     (lambda d: d["shard"].update(count=10**18), "shard count must be in 1..1000"),
     (lambda d: d["rows"][0].update(verified="3"), "'verified' must be a count"),
@@ -136,6 +145,7 @@ def test_merge_refuses_a_sweep_part_with_absurd_fields(edit, words: str, tmp_pat
     assert time.perf_counter() - start < 60
 
 
+@pytest.mark.integration
 def test_merge_refuses_a_check_part_whose_counts_shift_results_between_tasks(tmp_path: Path) -> None:
     """2 results for one task and -1 for another add up, and would move a result onto the wrong
     task and drop a check from the merge."""
@@ -159,6 +169,7 @@ broken = brokenadapter:Adapter
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("body", "words"), [
     ("import sys\nsys.exit(0)\n", "called sys.exit(0) while loading"),
     ("raise RuntimeError('no GPU here')\n", "RuntimeError: no GPU here"),
@@ -184,6 +195,6 @@ def test_a_broken_adapter_entry_point_is_a_usage_error_naming_it(body: str, word
 def test_more_jobs_than_cores_are_refused(command: list[str]) -> None:
     from mha_verify.arg_types import usable_cores
 
-    proc = cli(*command, "--jobs", str(usable_cores() + 1), timeout=60)
+    proc = cli(*command, "--jobs", str(usable_cores() + 1))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"expected at most {usable_cores()} (the cores this machine lets it use)" in proc.stderr

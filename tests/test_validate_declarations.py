@@ -66,7 +66,6 @@ def test_a_key_given_twice_is_refused_naming_the_key_and_both_values(text: str, 
         parse_conventions(text)
 
 
-@pytest.mark.slow
 def test_a_conventions_key_given_twice_is_a_prompt_usage_error(reference: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err, wall = _validate(capsys, str(reference), "--profile", "quick",
@@ -77,7 +76,6 @@ def test_a_conventions_key_given_twice_is_a_prompt_usage_error(reference: Path,
     assert wall < PROMPT, wall
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("model", "layout", "says"), [
     ("reference", "seq-first", "is batch-first (mha-verify's export metadata)"),
     ("torch_seq_first", "batch-first", "is seq-first (query and key share axis 1 ('b') but not axis 0)"),
@@ -93,7 +91,6 @@ def test_a_layout_the_model_contradicts_is_a_prompt_usage_error(model: str, layo
     assert wall < PROMPT, wall
 
 
-@pytest.mark.slow
 def test_a_mask_kind_the_model_contradicts_fails_promptly_saying_so(reference: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     # the reference keeps where True: declared drop, the mask probe sees keep, and no property is

@@ -38,7 +38,7 @@ from mha_verify.properties.onnx.interface import read_interface
 from mha_verify.validation import validate_model
 from tests.fixtures.sdpa_layers import SdpaAttention
 
-pytestmark = [pytest.mark.slow, pytest.mark.deep]  # exports foreign layers with both exporters (tox -e deep)
+pytestmark = pytest.mark.deep  # exports foreign layers with both exporters (tox -e deep)
 D, H = 16, 4
 QUICK = settings(max_examples=20, derandomize=True, deadline=None, database=None)
 

@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 import onnx
+import pytest
 import torch
 from onnx import TensorProto
 from onnx import helper as oh
@@ -95,6 +96,7 @@ def test_a_b_times_h_float_mask_is_fed_item_major(tmp_path: Path) -> None:
     torch.testing.assert_close(instance(q, k, k, bias), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_torch_bool_attn_mask_polarity_is_asked_of_the_model(tmp_path: Path) -> None:
     module = _Mha(batch_first=True, padding=False)
     q, k = torch.randn(B, LQ, D), torch.randn(B, LK, D)
@@ -112,6 +114,7 @@ def test_torch_bool_attn_mask_polarity_is_asked_of_the_model(tmp_path: Path) -> 
     assert "Traceback" not in undeclared.stderr and len(undeclared.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.integration
 def test_an_unnamed_layout_is_a_usage_error_naming_the_flag(tmp_path: Path) -> None:
     module = _Mha(batch_first=False, padding=True)
     q, k = torch.randn(LQ, B, D), torch.randn(LK, B, D)

@@ -36,6 +36,7 @@ def test_lengths_torch_sdpa_accepts_are_inherited_and_the_call_is_shown() -> Non
     assert "pytorch/pytorch#193728" in (got.reason or "")
 
 
+@pytest.mark.deep
 def test_a_layer_that_cuts_values_to_the_keys_itself_still_fails() -> None:
     got = _run("lk_equals_lv", load_target("tests.fixtures.kind_layers:CutsValuesToKeys"))
     assert got.verdict == "fail" and got.kind is None, got
@@ -51,6 +52,7 @@ def test_a_mask_its_source_says_is_unused_is_ignored_with_the_line_quoted() -> N
     assert _run("oracle_agreement", target).verdict == "pass"  # the rest is still held, without a mask
 
 
+@pytest.mark.deep
 def test_the_same_mask_dropped_silently_still_fails() -> None:
     got = _run("masked_kv_invariance", load_target("tests.fixtures.kind_layers:MaskDroppedSilently"))
     assert got.verdict == "fail" and got.kind is None, got
@@ -68,6 +70,7 @@ def test_keys_and_values_its_forward_never_reads_are_ignored_and_it_is_verified_
     assert _run("oracle_agreement", target).verdict == "pass"
 
 
+@pytest.mark.deep
 def test_keys_and_values_read_and_then_dropped_still_fail() -> None:
     got = _run("oracle_agreement", load_target("tests.fixtures.kind_layers:ContextReadAndDropped"))
     assert got.verdict == "fail" and got.kind is None, got
@@ -104,6 +107,7 @@ class _Declared:
         return self._bound(*args)  # type: ignore[arg-type]
 
 
+@pytest.mark.deep
 def test_finite_rows_its_library_leaves_unspecified_are_a_finding_not_a_failure() -> None:
     plain = Target("tests.mutants:MaskWithMinusOneE9", MaskWithMinusOneE9)
     assert _run("fully_masked_rows", plain).verdict == "fail"  # owed w_o(0) = b_o by the contract

@@ -25,6 +25,7 @@ def _verdicts(name: str, checks: tuple[str, ...]) -> dict[str, str]:
     return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("layer", ["WindowTable", "WindowTableHeadsFirst"])
 def test_a_gathered_table_is_the_layers_position_bias_and_the_layer_passes(layer: str) -> None:
     target = load_target(FIXTURE + layer)
@@ -38,6 +39,7 @@ def test_a_gathered_table_is_the_layers_position_bias_and_the_layer_passes(layer
     assert _verdicts(layer, ("query_permutation",)) == {"query_permutation": "n/a"}
 
 
+@pytest.mark.deep
 def test_a_bias_with_queries_and_keys_swapped_fails_the_oracle() -> None:
     assert _verdicts("WindowTableTransposed", ("oracle_agreement", "head_split")) == {
         "oracle_agreement": "fail", "head_split": "fail"}

@@ -21,6 +21,7 @@ def _verdicts(name: str, checks: tuple[str, ...]) -> dict[str, str]:
     return {c: run_property(all_properties()[c], target, settings=PROFILES["quick"], seed=0).verdict for c in checks}
 
 
+@pytest.mark.deep
 def test_a_wrapper_handing_its_masks_to_torch_mha_is_verified_through_it() -> None:
     target = load_target(FIXTURE + "SpeechWrapper")
     assert target.built_as == "SpeechWrapper(nhead=2, d_model=8)"
@@ -32,6 +33,7 @@ def test_a_wrapper_handing_its_masks_to_torch_mha_is_verified_through_it() -> No
     assert set(_verdicts("SpeechWrapper", checks).values()) == {"pass"}
 
 
+@pytest.mark.deep
 def test_a_wrapper_handing_values_as_keys_fails() -> None:
     assert _verdicts("SpeechWrapperKeysForValues", ("oracle_agreement",)) == {"oracle_agreement": "fail"}
 

@@ -129,7 +129,6 @@ def _explained(layer: str, result: dict[str, Any]) -> bool:
     return any(sig is not None and sig[0] in (result.get("reason") or "") for sig in signatures)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layer", list(TRUTH))
 def test_every_failure_is_a_true_finding(layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     code, results, _ = _gate(layer, tmp_path_factory.getbasetemp())
@@ -143,7 +142,6 @@ def test_every_failure_is_a_true_finding(layer: str, tmp_path_factory: pytest.Te
     assert code == (1 if failed else 0)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layer", list(TRUTH))
 def test_every_finding_that_is_not_a_failure_has_its_documented_kind(
         layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -152,7 +150,6 @@ def test_every_finding_that_is_not_a_failure_has_its_documented_kind(
     assert kinds == KINDS.get(layer, {}), f"{layer}: kinds {kinds}, documented {KINDS.get(layer, {})}"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layer", list(TRUTH))
 def test_exports_with_each_exporter_and_validates_in_onnxruntime(
         layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
