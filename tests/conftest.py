@@ -43,6 +43,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             raise pytest.UsageError(f"{item.nodeid} is marked {' and '.join(tiers)}: a test is in one tier")
         if not tiers:
             item.add_marker(pytest.mark.unit)
+        if item.get_closest_marker("serial") and "deep" not in tiers:
+            raise pytest.UsageError(f"{item.nodeid} is marked serial: only a deep test is run one at a time")
 
 
 @pytest.fixture

@@ -62,6 +62,7 @@ def test_every_parameter_is_redrawn_biases_included() -> None:
     assert torch.equal(bound.module.in_proj_weight, again.module.in_proj_weight)  # from the seed
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_a_bias_swap_hides_behind_zero_biases_and_is_found_once_they_are_redrawn() -> None:
     target = load_target(FIX + "odd_layers.py:BiasSwap")
@@ -115,6 +116,7 @@ TWINS = ["nanogpt_attn_twin.py:CausalSelfAttention", "timm_attn_twin.py:Attentio
          "llama_attn_twin.py:LlamaAttention"]
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 @pytest.mark.parametrize("spec", LAYERS, ids=["nanogpt", "timm", "llama"])
 def test_library_style_layer_passes_the_gate_with_no_user_file(spec: str) -> None:
@@ -122,6 +124,7 @@ def test_library_style_layer_passes_the_gate_with_no_user_file(spec: str) -> Non
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 @pytest.mark.parametrize("spec", TWINS, ids=["nanogpt", "timm", "llama"])
 def test_one_bug_twin_fails_the_gate(spec: str) -> None:
@@ -130,6 +133,7 @@ def test_one_bug_twin_fails_the_gate(spec: str) -> None:
     assert "FAIL" in proc.stdout
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 @pytest.mark.parametrize(("spec", "bug"), [*((s, False) for s in LAYERS), *((s, True) for s in TWINS)],
                          ids=[f"{n}{t}" for t in ("", "-twin") for n in ("nanogpt", "timm", "llama")])

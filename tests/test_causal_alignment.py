@@ -98,7 +98,7 @@ def test_the_alignment_is_declared_or_read_and_examples_have_keys_of_their_own(l
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("check", "--no-export", "--profile", "ci", *args)
+    return run_cli("check", "--no-export", "--profile", "ci", "--max-examples", "25", *args)
 
 
 @pytest.mark.deep

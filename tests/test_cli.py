@@ -68,6 +68,7 @@ def _strip_timings(doc: dict) -> dict:
     return doc
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     only = "oracle_agreement,fully_masked_rows,lk_equals_lv"
@@ -94,6 +95,7 @@ def test_ci_profile_is_deterministic_and_reports_parse(tmp_path: Path) -> None:
     assert "example: B=1 Lq=" in proc.stdout and "mask fully_masked_rows" in proc.stdout
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
     base = tmp_path / "base.json"
@@ -109,6 +111,7 @@ def test_reference_passes_and_baseline_catches_growth(tmp_path: Path) -> None:
     assert "baseline" in proc.stdout and "FAIL" in proc.stdout
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 @pytest.mark.parametrize(("target", "timeout", "words"), [
     ("Segfaults", "60", "killed by SIGSEGV"),

@@ -113,7 +113,7 @@ def test_hf_layers_decode_through_their_own_cache_with_no_user_code(spec: str) -
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("check", "--no-export", "--profile", "ci", *args)
+    return run_cli("check", "--no-export", "--profile", "ci", "--max-examples", "25", *args)
 
 
 @pytest.mark.deep

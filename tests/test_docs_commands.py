@@ -252,6 +252,7 @@ def _library(command: str) -> str | None:
     return m.group(1) if m else None
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 @pytest.mark.parametrize("command", RUNNABLE, ids=_ids)
 def test_each_command_runs(command: Command, tmp_path: Path) -> None:

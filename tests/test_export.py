@@ -199,6 +199,7 @@ def test_wrong_weights_fail_with_a_replayable_bundle(ts_model: Path, tmp_path: P
     assert "max error" in proc.stdout
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_pitfall_c_traced_ints_freeze_the_batch_and_validation_catches_it(tmp_path: Path, frozen_spec: str) -> None:
     # Reproduce with torch directly: trace a layer that turns sizes into Python ints.
@@ -223,6 +224,7 @@ def test_pitfall_c_traced_ints_freeze_the_batch_and_validation_catches_it(tmp_pa
     assert any(r.failed for r in stage)
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_isolated_validation_turns_a_crash_into_a_failed_result(tmp_path: Path, ts_model: Path,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
@@ -257,6 +259,7 @@ def test_target_objects_are_what_the_stage_takes() -> None:
     assert isinstance(load_target(), Target)
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_contrib_graph_is_labelled_and_validated_like_any_other(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,6 +32,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.mark.serial
 def test_export_writes_a_validated_model(model: Path) -> None:
     """The file computes what the reference with the same weights (--weight-seed 0) computes, held
     in onnxruntime against the float64 oracle with the derived tolerance, independently of export's
@@ -59,6 +60,7 @@ def test_export_writes_a_validated_model(model: Path) -> None:
         assert comparison.ok, (B, Lq, Lk, str(comparison))
 
 
+@pytest.mark.serial
 def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(model), "--profile", "ci", "--no-isolation"]) == 0
     assert "0 failed" in capsys.readouterr().out
@@ -76,10 +78,12 @@ def test_validate_exit_codes(model: Path, tmp_path: Path, capsys: pytest.Capture
         assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.serial
 def test_validate_isolated_by_default(model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(model), "--profile", "ci"]) == 0
 
 
+@pytest.mark.serial
 def test_export_that_fails_validation_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "frozen.py"
     spec.write_text(FROZEN)
@@ -92,6 +96,7 @@ def test_export_that_fails_validation_writes_nothing(tmp_path: Path, capsys: pyt
     assert any((tmp_path / "b").glob("*/replay.py"))
 
 
+@pytest.mark.serial
 def test_export_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m.onnx"
     for extra, message in [(["--opset", "16"], "opset=16"), (["--target", "nope:X"], "cannot import"),
@@ -103,6 +108,7 @@ def test_export_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         assert not out.exists()
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("argv", [
     pytest.param(["export", "--d-model", "16", "--n-head", "4", "-o", "m.onnx", "--seed", "3"], id="export"),
     pytest.param(["validate", "m.onnx", "--seed", "3"], id="validate"),

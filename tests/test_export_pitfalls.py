@@ -25,6 +25,7 @@ CI = settings(max_examples=40, derandomize=True, deadline=None, database=None)
 NAMES = {"input_names": ["q", "k", "v", "mask"], "output_names": ["out"]}
 
 
+@pytest.mark.serial
 def test_dynamo_export_at_the_newest_opset_uses_attention_and_validates(tmp_path: Path) -> None:
     bound = load_target().build(16, 4, seed=0)
     path = tmp_path / "m.onnx"
@@ -38,6 +39,7 @@ def test_dynamo_export_at_the_newest_opset_uses_attention_and_validates(tmp_path
     assert sum(r.examples for r in results) >= 200
 
 
+@pytest.mark.serial
 def test_pitfall_a_same_example_tensor_for_k_and_v_is_caught(tmp_path: Path) -> None:
     bound = load_target().build(16, 4, seed=0)
     q, kv, mask = torch.randn(2, 3, 16), torch.randn(2, 5, 16), torch.ones(2, 4, 3, 5, dtype=torch.bool)
@@ -69,6 +71,7 @@ class _ShapeBranch(nn.Module):
         return self.w_o(F.scaled_dot_product_attention(*split, attn_mask=mask).transpose(1, 2).flatten(-2))
 
 
+@pytest.mark.serial
 def test_pitfall_b_equal_example_sizes_merge_lq_and_lk_and_are_caught(tmp_path: Path) -> None:
     from mha_verify.export.onnx_export import as_bound
 
@@ -87,6 +90,7 @@ def test_pitfall_b_equal_example_sizes_merge_lq_and_lk_and_are_caught(tmp_path: 
     assert results[0].failed and results[1].failed and results[1].counterexample is not None
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
 def test_a_layer_with_one_mask_for_all_heads_exports_and_validates(tmp_path: Path, exporter: str) -> None:
     """Broadcasting its mask to H heads made the adapter test whether the heads agree
@@ -102,6 +106,7 @@ def test_a_layer_with_one_mask_for_all_heads_exports_and_validates(tmp_path: Pat
     assert any(r.name.endswith("/ort_vs_eager") and r.verdict == "pass" for r in results)
 
 
+@pytest.mark.serial
 def test_torch_mha_self_attention_exports_with_torchscript_even_under_no_grad(tmp_path: Path) -> None:
     """Traced under no_grad, torch MHA called as m(x, x, x) takes its fast path, which the
     TorchScript exporter cannot export (aten::_native_multi_head_attention); a plain

@@ -94,7 +94,7 @@ def test_an_hf_layer_is_read_as_repeat_kv_interleaves() -> None:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("check", "--no-export", "--profile", "ci", *args)
+    return run_cli("check", "--no-export", "--profile", "ci", "--max-examples", "25", *args)
 
 
 @pytest.mark.deep

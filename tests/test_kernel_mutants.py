@@ -118,8 +118,8 @@ def test_right_padding_mutant_is_exact_for_right_padding_and_wrong_for_left_padd
     assert _forward_error(module, q, k, v, left) > 1e-2
 
 
+@pytest.mark.serial
 @pytest.mark.deep  # one gate run per mutant (tox -e deep)
-@pytest.mark.xdist_group("memory")  # beside the mutant catalog, never two side by side (tests/test_mutants.py)
 @pytest.mark.parametrize("mutant", list(KERNEL_MUTANTS))
 def test_kernel_mutant_is_caught_through_a_genuine_violation(mutant: str) -> None:
     cls, expected, dtype, _ = KERNEL_MUTANTS[mutant]

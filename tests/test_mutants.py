@@ -18,12 +18,13 @@ from mha_verify.properties.targets.eager import Target
 from tests.mutants import BOUNDARY_MUTANTS, CATALOG, _Explicit
 
 # the mutant catalog, one gate run per mutant (tox -e deep); its checks reach D = 1024 (head_split on a mutant
-# peaks near 10 GB), so its tests share one xdist worker (--dist loadgroup) and never run two side by side
-pytestmark = [pytest.mark.deep, pytest.mark.xdist_group("memory")]
+# peaks near 10 GB), so its tests are serial: run one at a time
+pytestmark = pytest.mark.deep
 
 SETTINGS = profiles.PROFILES[profiles.profile_name()]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("mutant", list(CATALOG))
 def test_mutant_is_caught(mutant: str) -> None:
     cls, expected = CATALOG[mutant]
@@ -41,6 +42,7 @@ def test_mutant_is_caught(mutant: str) -> None:
 BASE_PROPERTIES = sorted({expected for _, expected in CATALOG.values()})
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("name", BASE_PROPERTIES)
 def test_unmutated_base_passes(name: str) -> None:
     """The explicit-formula base of the mutants passes every property that catches a mutant."""
@@ -74,6 +76,7 @@ def _error(cls: type, batch: int, lq: int, lk: int, head_dim: int, n_head: int) 
 SMALL = {"batch": 2, "lq": 5, "lk": 7, "head_dim": 8, "n_head": 2}
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("mutant", list(BOUNDARY_MUTANTS))
 def test_boundary_mutant_is_exact_below_its_block_and_wrong_past_it(mutant: str) -> None:
     cls, boundary = BOUNDARY_MUTANTS[mutant]

@@ -51,10 +51,12 @@ NO_ALLOWANCE = {
 }
 
 
+@pytest.mark.serial
 def test_every_property_is_audited() -> None:
     assert set(AUDIT) | set(NO_ALLOWANCE) == set(all_properties())
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("prop", list(AUDIT))
 def test_a_layer_one_percent_off_on_one_row_fails(prop: str) -> None:
     layer = AUDIT[prop] if ":" in AUDIT[prop] else FIXTURE + AUDIT[prop]

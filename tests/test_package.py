@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.resources
+import re
 import subprocess
 import sys
 import tarfile
@@ -35,17 +36,49 @@ def _wheel_modules(wheel: Path) -> list[str]:
     return [n.removesuffix(".py").replace("/", ".").removesuffix(".__init__") for n in names if n.endswith(".py")]
 
 
+def _build_sdist(out: Path) -> Path:
+    """The sdist of the repository, built as pip builds one."""
+    proc = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
+                           "print(b.build_sdist(sys.argv[1]))", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (sdist,) = out.glob("mha_verify-*.tar.gz")
+    return sdist
+
+
+def _unit_count(folder: Path) -> int:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "unit",
+                           "-p", "no:cacheprovider"], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    match = re.search(r"^(\d+)/\d+ tests collected", proc.stdout, re.M)
+    assert match, proc.stdout[-2000:]
+    return int(match.group(1))
+
+
+@pytest.mark.deep
+def test_the_sdist_runs_its_unit_tier(tmp_path: Path) -> None:
+    """An unpacked sdist is a project that tests itself: it carries every unit test with what the test
+    needs (fixtures, docs, constraints), and its unit tier passes there against the installed package."""
+    with tarfile.open(_build_sdist(tmp_path / "sdist")) as tar:
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path / "unpacked", **safe)
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    assert _unit_count(unpacked) == _unit_count(ROOT)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "unit", "-n", "2", "-p", "no:cacheprovider"],
+                          cwd=unpacked, capture_output=True, text=True, timeout=1200)
+    tail = (proc.stdout + proc.stderr)[-3000:]
+    assert proc.returncode == 0, tail
+    assert re.search(r"\d+ passed", tail), tail
+
+
+@pytest.mark.serial
 @pytest.mark.deep
 def test_the_wheel_and_the_sdist_hold_every_module_once(tmp_path: Path) -> None:
     """The sdist holds each source file once, as a plain file (no links); the wheel built from that
     sdist (as pip builds one) and the wheel built from the tree each hold every module once, under
     mha_verify only, with py.typed and the version."""
     expected = sorted(source_modules())
-    proc = subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta as b; "
-                           "print(b.build_sdist(sys.argv[1]))", str(tmp_path / "sdist")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    (sdist,) = (tmp_path / "sdist").glob("mha_verify-*.tar.gz")
+    sdist = _build_sdist(tmp_path / "sdist")
     with tarfile.open(sdist) as tar:
         members = tar.getmembers()
         links = [m.name for m in members if m.issym() or m.islnk()]
@@ -72,6 +105,7 @@ def test_the_wheel_and_the_sdist_hold_every_module_once(tmp_path: Path) -> None:
         assert "mha_verify/py.typed" in zipfile.ZipFile(wheel).namelist()
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_a_user_project_with_its_own_properties_and_export_modules(tmp_path: Path) -> None:
     """A project whose own modules are named properties.py and export.py keeps them, and the plugin

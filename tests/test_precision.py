@@ -106,6 +106,7 @@ def test_a_float16_softmax_for_float32_inputs_fails_in_the_layers_own_dtype() ->
     assert result.worst_error is not None and result.allowed is not None and result.worst_error > result.allowed
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_the_gate_exits_0_on_a_float32_softmax_and_states_its_precision_finding(tmp_path: Path) -> None:
     report = tmp_path / "r.json"

@@ -37,6 +37,7 @@ def test_reference_is_na_for_conventions_it_does_not_have(name: str) -> None:
 SEEDS = "tests/fixtures/seed_{}.py:{}"
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 @pytest.mark.parametrize(
     ("spec", "name", "verdict"),

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.deep  # pytest runs in subprocesses (tox -e deep)
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+@pytest.mark.serial
 def test_plugin_runs_properties_against_a_user_module(tmp_path: Path) -> None:
     shutil.copy(FIXTURES / "seed_000.py", tmp_path / "attn.py")
     proc = subprocess.run(
@@ -30,6 +31,7 @@ def test_plugin_runs_properties_against_a_user_module(tmp_path: Path) -> None:
     assert "not applicable: the target does not return attention weights" in out
 
 
+@pytest.mark.serial
 def test_plugin_passes_a_finding_and_says_it_with_its_kind(tmp_path: Path) -> None:
     shutil.copy(FIXTURES / "sdpa_layers.py", tmp_path / "attn.py")
     proc = subprocess.run(
@@ -42,6 +44,7 @@ def test_plugin_passes_a_finding_and_says_it_with_its_kind(tmp_path: Path) -> No
     assert "1 passed" in out and "MhaFinding: lk_equals_lv: finding (inherited), not a failure" in out, out
 
 
+@pytest.mark.serial
 def test_plugin_rejects_a_bad_target(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mha-target", "nope:X"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -75,6 +78,7 @@ def _users_settings(tmp_path: Path, *args: str) -> str:
     return found.pop()
 
 
+@pytest.mark.serial
 def test_plugin_leaves_a_users_hypothesis_settings_alone(tmp_path: Path) -> None:
     untouched = _users_settings(tmp_path)
     assert untouched == "SETTINGS derandomize=False deadline=0:00:00.200000 max_examples=100"
@@ -86,6 +90,7 @@ def test_plugin_leaves_a_users_hypothesis_settings_alone(tmp_path: Path) -> None
         "SETTINGS derandomize=True deadline=None max_examples=100"
 
 
+@pytest.mark.serial
 def test_plugin_rejects_an_unknown_profile(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--mha-profile", "nope"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)

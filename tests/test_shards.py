@@ -219,6 +219,7 @@ def test_sweep_parts_merge_into_one_table(tmp_path: Path) -> None:
     assert mixed.returncode == 2 and "mix sweep tables and check reports" in mixed.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.deep
 def test_whole_gate_in_three_shards_equals_the_single_run(tmp_path: Path) -> None:
     """The gate on the reference, exports included: three processes standing in for three machines."""

@@ -79,6 +79,7 @@ def test_the_safety_net_says_when_it_fired(monkeypatch: pytest.MonkeyPatch) -> N
     assert "safety net" in (stopped.reason or "") and "depends on the machine's speed" in (stopped.reason or "")
 
 
+@pytest.mark.serial
 @pytest.mark.deep  # two gate runs, one with every forward slowed by 20 ms (tox -e deep)
 def test_a_slowed_forward_prints_the_same_ci_counterexample(monkeypatch: pytest.MonkeyPatch) -> None:
     """Real time, no mocked clock: the ci counterexample of a layer is the same when each of its

@@ -36,6 +36,7 @@ def test_causes_group_failures_whose_numbers_differ() -> None:
     assert cause_of("vs float64 oracle: 1.5e-06") == "vs float64 oracle: #"
 
 
+@pytest.mark.serial
 @pytest.mark.deep  # two stages over six classes: two minutes
 def test_a_sweep_turns_every_class_into_a_row_and_survives_hangs_and_crashes(tmp_path: Path) -> None:
     out = tmp_path / "sweep"
@@ -88,6 +89,7 @@ def test_a_library_that_is_not_installed_is_a_usage_error(tmp_path: Path) -> Non
     assert proc.returncode == 2 and "is not installed as a package here" in proc.stderr, proc.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.deep  # a build, then a check stopped in its stride: ~30 s
 def test_sigterm_ends_the_sweep_and_its_running_checks(tmp_path: Path) -> None:
     """CI cancels with SIGTERM: the sweep ends within seconds, its checks with it, instead of

@@ -57,7 +57,8 @@ def test_two_sweeps_into_one_folder_keep_every_row(tmp_path: Path) -> None:
     while not (lock.is_file() and lock.read_text().strip() == str(first.pid)):
         assert time.monotonic() < deadline and first.poll() is None, "the first sweep never took the folder"
         time.sleep(0.2)
-    second = cli("sweep", LIB, "--out", str(out), "--build-only", "--match", "NoScaleAttention$")
+    # processes of their own, as two CI jobs sharing a folder would be
+    second = cli("sweep", LIB, "--out", str(out), "--build-only", "--match", "NoScaleAttention$", timeout=120)
     one_line_refusal(second, "is being written by another mha-verify run")
     assert str(first.pid) in second.stderr
     stdout, stderr = first.communicate(timeout=120)
@@ -65,7 +66,7 @@ def test_two_sweeps_into_one_folder_keep_every_row(tmp_path: Path) -> None:
     rows = {r["spec"].rpartition(":")[2]: r["status"] for r in json.loads((out / "sweep.json").read_text())["rows"]}
     assert rows == {"GoodAttention": "built", "HangingAttention": "hung while built"}
 
-    again = cli("sweep", LIB, "--out", str(out), "--build-only", "--match", "NoScaleAttention$")
+    again = cli("sweep", LIB, "--out", str(out), "--build-only", "--match", "NoScaleAttention$", timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     rows = {r["spec"].rpartition(":")[2]: r["status"] for r in json.loads((out / "sweep.json").read_text())["rows"]}
     assert rows == {"GoodAttention": "built", "HangingAttention": "hung while built", "NoScaleAttention": "built"}

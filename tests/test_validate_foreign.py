@@ -115,6 +115,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, layer: SdpaAttention) -> di
     return out
 
 
+@pytest.mark.serial
 def test_opset18_defect_is_real(models: dict[str, Path], layer: SdpaAttention) -> None:
     """Before asking validate: opset 18 differs from eager on a fully masked row only; opset 23 does not."""
     gen = torch.Generator().manual_seed(2)
@@ -134,6 +135,7 @@ def test_opset18_defect_is_real(models: dict[str, Path], layer: SdpaAttention) -
     assert max(errors["dynamo23-B1LL"]) < 1e-5, errors
 
 
+@pytest.mark.serial
 def test_finfo_min_rows_differ_in_onnxruntime(models: dict[str, Path], layer: SdpaAttention) -> None:
     """A row biased by finfo.min at every key: SDPA averages (a bias), onnxruntime's Attention does not."""
     gen = torch.Generator().manual_seed(3)
@@ -149,6 +151,7 @@ def test_finfo_min_rows_differ_in_onnxruntime(models: dict[str, Path], layer: Sd
     assert gaps["finfo.min"] > 1e-2 and gaps["-1e9"] < 1e-5, gaps
 
 
+@pytest.mark.serial
 def test_interfaces_are_read_from_the_files(models: dict[str, Path]) -> None:
     info = read_interface(models["dynamo23-B1LL"])
     assert (info.d_model, info.n_head) == (D, H)
@@ -162,6 +165,7 @@ def test_interfaces_are_read_from_the_files(models: dict[str, Path]) -> None:
     assert (read_interface(models["torchscript17-B1LL"]).n_head) == H
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("name", list(MODELS))
 def test_validate_verdicts(models: dict[str, Path], name: str) -> None:
     results = validate_model(models[name], settings=QUICK, opt_levels=("opt-all",))
@@ -179,6 +183,7 @@ def test_validate_verdicts(models: dict[str, Path], name: str) -> None:
         assert "oracle_agreement" in failed
 
 
+@pytest.mark.serial
 def test_cli_maps_inputs_prints_the_interface_and_exits_by_verdict(models: dict[str, Path],
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     path = str(models["dynamo23-B1LL"])

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.deep  # the ecosystem libraries (tox -e deep, tox -e ec
 HF = "transformers.models.{0}.modeling_{0}:{1}"
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls", "reads"), [
     ("qwen3", "Qwen3Attention", "q RMSNorm per head, eps 1e-06"),
     ("olmo2", "Olmo2Attention", "q RMSNorm over all heads"),
@@ -39,6 +40,7 @@ def test_a_layers_own_scoring_is_read_and_verified(model: str, cls: str, reads: 
     assert result.verdict == "pass" and result.examples >= 10, result
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls", "rows"), [
     ("t5", "T5Attention", "uniform"),  # sdpa_attention_forward: where(mask, its position bias, finfo.min)
     ("layoutlmv3", "LayoutLMv3SelfAttention", "zeros"),  # takes position_bias from its model: None alone
@@ -56,6 +58,7 @@ def test_fully_masked_rows_follow_whether_the_layer_computes_its_position_bias(m
     assert result.verdict == ("pass" if rows == "zeros" else "declared") and result.examples >= 5, result
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls"), [("gemma2", "Gemma2Attention"),
                                           ("switch_transformers", "SwitchTransformersAttention")])
 def test_an_eager_hf_layer_has_its_attention_weights_verified(model: str, cls: str) -> None:
@@ -69,6 +72,7 @@ def test_an_eager_hf_layer_has_its_attention_weights_verified(model: str, cls: s
         assert result.verdict == "pass" and result.examples >= 5, result
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("cls", "verdict"), [("UnscaledAttention", "pass"),
                                              ("UnscaledAttentionFusedProcessor", "fail")])
 def test_the_gate_finds_diffusers_fused_processor_ignoring_attn_scale(cls: str, verdict: str) -> None:
@@ -80,6 +84,7 @@ def test_the_gate_finds_diffusers_fused_processor_ignoring_attn_scale(cls: str, 
     assert verdict == "pass" or "output vs float64 oracle" in str(result.reason), result  # its values, not a raise
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls"), [("mllama", "MllamaVisionAttention"), ("layoutlm", "LayoutLMSelfAttention")])
 def test_an_sdpa_layer_without_is_causal_is_called_with_a_mask_as_its_model_calls_it(model: str, cls: str) -> None:
     # HF's sdpa makes such a layer causal without a mask (test_findings.py); its models always pass one
@@ -91,6 +96,7 @@ def test_an_sdpa_layer_without_is_causal_is_called_with_a_mask_as_its_model_call
         assert result.verdict == "pass" and result.examples >= 10, result
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls"), [("kosmos2_5", "Kosmos2_5VisionAttention"),
                                             ("pix2struct", "Pix2StructVisionAttention")])
 def test_a_layer_is_called_the_way_its_forward_dispatches_and_read_with_its_output(model: str, cls: str) -> None:

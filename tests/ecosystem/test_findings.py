@@ -43,6 +43,7 @@ def _need_timm() -> None:
         pytest.skip(f"timm not installed (tox -e ecosystem): {exc}")
 
 
+@pytest.mark.serial
 def test_timm_unfused_path_gives_nan_on_a_fully_masked_row_where_the_fused_path_gives_b_o() -> None:
     _need_timm()
     torch.manual_seed(0)
@@ -67,6 +68,7 @@ def _hf_sdpa_and_eager(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     return sdpa, eager
 
 
+@pytest.mark.serial
 def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
     sdpa, eager = _hf_sdpa_and_eager("bert_self_attention")
     x = _x()
@@ -77,6 +79,7 @@ def test_bert_eager_gives_nan_with_minus_inf_masks_where_sdpa_gives_0() -> None:
     assert bool(torch.isnan(b[:, 1]).all())
 
 
+@pytest.mark.serial
 def test_gpt2_sdpa_is_causal_without_a_mask_its_eager_path_is_not() -> None:
     sdpa, eager = _hf_sdpa_and_eager("gpt2_attention")
     x = _x()
@@ -89,6 +92,7 @@ def test_gpt2_sdpa_is_causal_without_a_mask_its_eager_path_is_not() -> None:
     assert not torch.allclose(b_none, b_causal, atol=1e-3)  # eager without a mask is not
 
 
+@pytest.mark.serial
 def test_x_transformers_returns_weights_1_over_lk_on_a_fully_masked_row_while_its_output_is_0() -> None:
     pytest.importorskip("x_transformers", reason="x-transformers not installed (tox -e ecosystem)")
     torch.manual_seed(0)
@@ -109,6 +113,7 @@ def _torch_mha_with_random_biases() -> torch.nn.MultiheadAttention:
     return mha
 
 
+@pytest.mark.serial
 def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
     mha = _torch_mha_with_random_biases()
     x = _x()
@@ -122,6 +127,7 @@ def test_torch_mha_fast_path_gives_nan_on_a_fully_padded_item() -> None:
     assert bool(torch.isnan(fast[1]).all())  # fast path: NaN
 
 
+@pytest.mark.serial
 def test_torch_mha_fast_path_gives_nan_on_a_fully_masked_row_of_attn_mask() -> None:
     mha = _torch_mha_with_random_biases()
     x = _x()
@@ -135,6 +141,7 @@ def test_torch_mha_fast_path_gives_nan_on_a_fully_masked_row_of_attn_mask() -> N
     assert torch.allclose(fast[:, 0], slow[:, 0], atol=1e-6)
 
 
+@pytest.mark.serial
 def test_torch_mha_gives_nan_with_weights_where_it_gives_b_o_without() -> None:
     """The WARN of fully_masked_rows on torch MHA: its two eager paths disagree on a fully masked row."""
     mha = _torch_mha_with_random_biases()
@@ -149,6 +156,7 @@ def test_torch_mha_gives_nan_with_weights_where_it_gives_b_o_without() -> None:
     assert bool(torch.isnan(weights[:, 1]).all())
 
 
+@pytest.mark.serial
 def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None:
     pytest.importorskip("x_transformers", reason="x-transformers not installed (tox -e ecosystem)")
     torch.manual_seed(0)
@@ -160,6 +168,7 @@ def test_x_transformers_runs_its_softmax_in_float32_for_float64_inputs() -> None
     assert torch.equal(weights, weights.float().double())
 
 
+@pytest.mark.serial
 def test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_sizes_only() -> None:
     """TorchScript traces torch MHA's packed self-attention projection (q is k is v) with the
     example's length fixed in the Reshape of k (``k.view(k.shape[0], ...)``): onnxruntime runs the
@@ -198,6 +207,7 @@ def test_torch_mha_called_as_m_x_x_x_exports_with_torchscript_for_its_example_si
     assert cross_session.run(None, {"x": x_other})[0].shape == (3, 5, 16)
 
 
+@pytest.mark.serial
 def test_cpu_sdpa_without_a_mask_accepts_lk_different_from_lv() -> None:
     """torch's CPU scaled_dot_product_attention with no mask takes keys and values of different
     lengths: with Lk < Lv it reads key rows past the end of k (rows of the storage k is a view of
@@ -220,6 +230,7 @@ def test_cpu_sdpa_without_a_mask_accepts_lk_different_from_lv() -> None:
         F.scaled_dot_product_attention(q, k, v)
 
 
+@pytest.mark.serial
 def test_gpt2_attention_raises_on_a_transposed_view_of_its_input() -> None:
     """HF's Conv1D calls x.view(-1, D): a (B, L, D) view of (L, B, D) storage raises RuntimeError,
     while a contiguous copy of the same values works (layout_independence's warning)."""
@@ -238,6 +249,7 @@ T5_FAMILY = [("t5", "T5"), ("mt5", "MT5"), ("pop2piano", "Pop2Piano"), ("switch_
              ("udop", "Udop"), ("umt5", "UMT5")]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "prefix"), T5_FAMILY)
 def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_by_minus_inf(model: str,
                                                                                               prefix: str) -> None:
@@ -262,6 +274,7 @@ def test_t5_sdpa_gives_uniform_weights_on_a_row_masked_by_a_bool_mask_and_zeros_
     assert torch.allclose(by_bool[:, [0, 2, 3]], by_float[:, [0, 2, 3]], atol=1e-6)  # the other rows agree
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "prefix"), [("pp_ocrv5_server_rec", "PPOCRV5ServerRec"),
                                              ("pp_ocrv5_mobile_rec", "PPOCRV5MobileRec"),
                                              ("pp_ocrv6_small_rec", "PPOCRV6SmallRec")])
@@ -278,6 +291,7 @@ def test_pp_ocr_rec_attention_takes_an_attention_mask_and_ignores_it(model: str,
     assert torch.equal(masked, unmasked)  # row 1 sees no key, yet its output is that of an unmasked row
 
 
+@pytest.mark.serial
 def test_step3p7_vision_rotary_runs_in_float32_for_float64_inputs() -> None:
     pytest.importorskip("transformers")
     from transformers.models.step3p7.modeling_step3p7 import apply_rotary_pos_emb_vision
@@ -310,6 +324,7 @@ QK_NORMS_IN_FLOAT32 = [
 ]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls"), QK_NORMS_IN_FLOAT32)
 def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> None:
     # HF's RMSNorms "upcast" with hidden_states.to(torch.float32) (or .float()): a float64 input is
@@ -328,6 +343,7 @@ def test_qk_norms_run_in_float32_for_float64_inputs(model: str, cls: str) -> Non
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "layout"), [
     ("cohere", "pairs"), ("cohere2", "pairs"), ("cohere2_moe", "pairs"),
     ("ernie4_5", "pairs from halves"), ("ernie4_5_moe", "pairs from halves"), ("evolla", "halves"),
@@ -354,6 +370,7 @@ def test_rotaries_that_upcast_run_in_float32_for_float64_inputs(model: str, layo
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
 
+@pytest.mark.serial
 def test_diffusers_rms_norm_runs_in_float32_for_float64_inputs() -> None:
     # diffusers' RMSNorm takes its variance of hidden_states.to(torch.float32): AnyFlow's QK-norm
     pytest.importorskip("diffusers")
@@ -368,6 +385,7 @@ def test_diffusers_rms_norm_runs_in_float32_for_float64_inputs() -> None:
     assert 1e-9 < float((got - exact).abs().max()) < 1e-6
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("module", "cls", "size"), [
     ("autoencoders.autoencoder_kl_minimax_h3", "MiniMaxH3VideoAttention", "dim"),
     ("transformers.transformer_flux3", "Flux3Attention", "query_dim"),
@@ -394,6 +412,7 @@ def test_diffusers_processors_normalize_q_and_k_in_float32_for_float64_inputs(mo
     assert 1e-9 < float((got - exact).abs().max()) < 1e-5  # float32 rounding, in a float64 result
 
 
+@pytest.mark.serial
 def test_gemma2_eager_attention_runs_its_softmax_in_float32_for_float64_inputs() -> None:
     # eager_attention_forward: softmax(attn_weights, dtype=torch.float32).to(query.dtype), so a float64
     # layer's weights carry float32 rounding: gradcheck fails on Gemma 2 (which runs eager for its soft-cap)
@@ -422,6 +441,7 @@ def _diffusers_heads(attn: Any, x: torch.Tensor, scale: float, mask: torch.Tenso
     return attn.to_out[0]((scores.softmax(-1) @ v).transpose(1, 2).flatten(-2))
 
 
+@pytest.mark.serial
 def test_diffusers_attn_processor2_0_ignores_attn_scale_of_a_scale_qk_false_layer() -> None:
     # Attention(scale_qk=False) has attn.scale = 1 and picks the classic AttnProcessor, which applies
     # it; AttnProcessor2_0 set on it (set_processor, a model's set_attn_processor) calls SDPA without
@@ -440,6 +460,7 @@ def test_diffusers_attn_processor2_0_ignores_attn_scale_of_a_scale_qk_false_laye
         assert float((attn(x) - _diffusers_heads(attn, x, 1.0)).abs().max()) > 1e-3
 
 
+@pytest.mark.serial
 def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0_gives_to_out_bias() -> None:
     pytest.importorskip("diffusers")
     from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
@@ -459,6 +480,7 @@ def test_diffusers_classic_attn_processor_gives_nan_on_a_minus_inf_row_where_2_0
         torch.testing.assert_close(classic[0, 1:], fused[0, 1:])  # the other rows agree
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("model", ["vit", "git", "align", "clap", "markuplm", "splinter", "t5gemma", "t5gemma2",
                                    "vaultgemma", "videoprism"])
 def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: str) -> None:
@@ -479,6 +501,7 @@ def test_eager_attention_runs_its_softmax_in_float32_for_float64_inputs(model: s
     assert 1e-10 < float((got - exact).abs().max()) < 1e-6  # float32 rounding, in a float64 result
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "cls"), [("bart", "BartAttention"), ("whisper", "WhisperAttention")])
 def test_bart_and_whisper_attention_built_with_their_default_config_none_raise_on_every_forward(model: str,
                                                                                                cls: str) -> None:
@@ -488,6 +511,7 @@ def test_bart_and_whisper_attention_built_with_their_default_config_none_raise_o
         layer(_x(1, 5, 8))
 
 
+@pytest.mark.serial
 def test_ernie_image_attention_takes_encoder_hidden_states_and_ignores_it() -> None:
     # its forward(hidden_states, encoder_hidden_states=None, ...) calls its processor without it
     pytest.importorskip("diffusers")
@@ -503,6 +527,7 @@ def test_ernie_image_attention_takes_encoder_hidden_states_and_ignores_it() -> N
     assert torch.equal(with_context, alone) and torch.equal(other_context, alone)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "prefix"), [("esm", "Esm"), ("megatron_bert", "MegatronBert"), ("tapas", "Tapas")])
 def test_cross_attention_that_views_its_keys_with_the_querys_length(model: str, prefix: str) -> None:
     # key = self.key(encoder_hidden_states).view(hidden_shape), hidden_shape from hidden_states: a
@@ -526,6 +551,7 @@ def test_cross_attention_that_views_its_keys_with_the_querys_length(model: str, 
 NO_IS_CAUSAL = [("layoutlm", "LayoutLM")]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "prefix"), NO_IS_CAUSAL)
 def test_a_layer_without_is_causal_is_causal_under_sdpa_when_called_without_a_mask(model: str, prefix: str) -> None:
     # the layer alone: its model always passes a mask (ones where none is given), so a model is not hit
@@ -545,6 +571,7 @@ def test_a_layer_without_is_causal_is_causal_under_sdpa_when_called_without_a_ma
     assert float((without[:, 0] - with_ones[:, 0]).abs().max()) > 1e-2
 
 
+@pytest.mark.serial
 def test_xglm_attention_cannot_take_a_mask_in_float64() -> None:
     # torch.max(scores, torch.full((), finfo(scores.dtype).min)): the full() is float32 by default,
     # and float64's min does not fit it
@@ -556,6 +583,7 @@ def test_xglm_attention_cannot_take_a_mask_in_float64() -> None:
             layer(x, attention_mask=torch.zeros(2, 1, 4, 4, dtype=torch.float64))
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(("model", "prefix"), [("sam2", "Sam2"), ("edgetam", "EdgeTam"),
                                              ("sam3_tracker", "Sam3Tracker")])
 def test_sam_attention_takes_keys_and_values_of_different_lengths(model: str, prefix: str) -> None:
@@ -570,6 +598,7 @@ def test_sam_attention_takes_keys_and_values_of_different_lengths(model: str, pr
         assert layer(q, k, v)[0].shape == (1, 1, 3, 8)  # no error for Lk = 2, Lv = 5
 
 
+@pytest.mark.serial
 def test_kosmos2_5_vision_attention_runs_eager_whatever_its_attn_implementation() -> None:
     # getattr(ALL_ATTENTION_FUNCTIONS, "sdpa", eager_attention_forward): the registry is a mapping with no
     # such attribute, so the default runs; its text attention uses ALL_ATTENTION_FUNCTIONS.get_interface

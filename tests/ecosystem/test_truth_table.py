@@ -129,6 +129,7 @@ def _explained(layer: str, result: dict[str, Any]) -> bool:
     return any(sig is not None and sig[0] in (result.get("reason") or "") for sig in signatures)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("layer", list(TRUTH))
 def test_every_failure_is_a_true_finding(layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     code, results, _ = _gate(layer, tmp_path_factory.getbasetemp())
@@ -142,6 +143,7 @@ def test_every_failure_is_a_true_finding(layer: str, tmp_path_factory: pytest.Te
     assert code == (1 if failed else 0)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("layer", list(TRUTH))
 def test_every_finding_that_is_not_a_failure_has_its_documented_kind(
         layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -150,6 +152,7 @@ def test_every_finding_that_is_not_a_failure_has_its_documented_kind(
     assert kinds == KINDS.get(layer, {}), f"{layer}: kinds {kinds}, documented {KINDS.get(layer, {})}"
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("layer", list(TRUTH))
 def test_exports_with_each_exporter_and_validates_in_onnxruntime(
         layer: str, tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -179,6 +182,7 @@ def test_exports_with_each_exporter_and_validates_in_onnxruntime(
             f"{layer} {config}: too little verified in onnxruntime"
 
 
+@pytest.mark.serial
 def test_user_lines_are_the_factory_bodies() -> None:
     """The "lines of user code" column of docs/reach.md: each factory's body, counted."""
     for name, count in layers.USER_LINES.items():
