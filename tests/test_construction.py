@@ -1,4 +1,4 @@
-"""Building a layer with no user code (``properties.construction``): parameters by name, the
+"""Building a layer with no user code (``properties.adapters.construction``): parameters by name, the
 library's own config class with the sizes set after its validation, and one forward at load."""
 
 from __future__ import annotations
