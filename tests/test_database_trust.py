@@ -100,6 +100,7 @@ def test_unreachable_redis_shows_no_password(url: str, secrets: list[str], tmp_p
     assert not [f for f in files if f.exists()]
 
 
+@pytest.mark.integration  # starts a redis-server
 @pytest.mark.parametrize(("form", "config", "secrets"), [
     pytest.param("redis://127.0.0.1:{port}/0?password=s3cret", ["--requirepass", SECRET], [SECRET], id="query"),
     pytest.param("redis://user:p@ss-s3cret@127.0.0.1:{port}/0",
@@ -216,6 +217,7 @@ def test_fifo_entry_does_not_hang_a_check_in_process(primary_key: bytes, tmp_pat
     assert len(_warnings(got.stderr)) == 1, got.stderr
 
 
+@pytest.mark.integration  # starts a redis-server
 @pytest.mark.parametrize("kind", ["string", "list", "hash"])
 def test_redis_key_of_the_wrong_type_is_skipped(kind: str, primary_key: bytes, tmp_path: Path) -> None:
     import redis

@@ -55,6 +55,7 @@ def test_failure_shared_through_a_folder(tmp_path: Path) -> None:
     _shared_failure_replays(str(tmp_path / "shared"), str(tmp_path / "empty"))
 
 
+@pytest.mark.integration  # starts a redis-server
 def test_failure_shared_through_redis(redis_url: str) -> None:
     import redis
 
