@@ -106,6 +106,7 @@ def test_a_failure_no_single_call_shows_gets_no_bundle_and_says_why(tmp_path: Pa
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.integration  # runs the bundle's replay.py as a process of its own
 @pytest.mark.parametrize("field", ["module", "class"])
 def test_a_hostile_bundle_runs_nothing_and_exits_2(softmax_bundle: tuple[CheckResult, Path], tmp_path: Path,
                                                    field: str) -> None:
@@ -119,6 +120,7 @@ def test_a_hostile_bundle_runs_nothing_and_exits_2(softmax_bundle: tuple[CheckRe
     assert not marker.exists()
 
 
+@pytest.mark.integration  # runs the bundle's replay.py as a process of its own
 def test_a_bundle_naming_a_callable_that_is_no_layer_runs_nothing(softmax_bundle: tuple[CheckResult, Path],
                                                                  tmp_path: Path) -> None:
     folder = _copy(softmax_bundle[1], tmp_path)
