@@ -10,6 +10,7 @@ from mha_verify.properties.engine import profiles
 from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.targets.eager import load_target
+from tests.conftest import assert_verdict
 
 FIXTURE = "tests/fixtures/exact_masks.py:"
 
@@ -24,6 +25,6 @@ def test_a_mask_of_one_exact_shape_is_passed_in_it(layer: str, shape: str, verdi
     target = load_target(FIXTURE + layer)
     assert shape in target.build(8, 2).conventions.describe()
     result = run_property(all_properties()["oracle_agreement"], target, settings=profiles.PROFILES["quick"], seed=0)
-    assert result.verdict == verdict and result.examples >= 10, result
+    assert_verdict(result, verdict, 10)
     if verdict == "fail":
         assert not (result.reason or "").startswith("the target raised"), result.reason

@@ -17,6 +17,7 @@ from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import Conventions
 from mha_verify.properties.strategies.examples import AttnExample
 from mha_verify.properties.targets.eager import load_target
+from tests.conftest import assert_verdict
 
 FIXTURE = "tests/fixtures/rotary_layers.py:"
 QUICK = PROFILES["quick"]
@@ -72,7 +73,7 @@ def test_rotary_is_read_from_the_layers_config_and_declarable() -> None:
 ])
 def test_a_layers_own_rotary_is_verified(layer: str, verdict: str) -> None:
     result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + layer), settings=QUICK, seed=0)
-    assert result.verdict == verdict and result.examples >= 5, result
+    assert_verdict(result, verdict, 5)
 
 
 @pytest.mark.deep
@@ -82,7 +83,7 @@ def test_a_rotate_half_of_neighbouring_columns_is_read_as_interleaved(layer: str
     target = load_target("tests/fixtures/rotary_interleaved.py:" + layer)
     assert target.build(16, 2).conventions.rotary == Rotary(10000.0, interleaved=True)
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
-    assert result.verdict == verdict and result.examples >= 5, result
+    assert_verdict(result, verdict, 5)
 
 
 def test_permutations_cannot_apply_under_rotary() -> None:
@@ -115,7 +116,7 @@ def test_a_layers_rotary_layout_and_direction_are_read_by_running_its_functions(
     target = load_target("tests/fixtures/" + layer)
     assert target.build(16, 2).conventions.rotary == rotary
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
-    assert result.verdict == verdict and result.examples >= 5, result
+    assert_verdict(result, verdict, 5)
 
 
 def test_a_rotary_no_formula_matches_is_replaced_by_a_rotation_by_zero_and_said() -> None:
@@ -137,4 +138,4 @@ def test_a_layer_types_own_rotary_is_read_from_its_config(layer: str, verdict: s
     target = load_target("tests/fixtures/rotary_layer_types.py:" + layer)
     assert target.build(16, 2).conventions.rotary == Rotary(1e6)
     result = run_property(all_properties()["oracle_agreement"], target, settings=QUICK, seed=0)
-    assert result.verdict == verdict and result.examples >= 5, result
+    assert_verdict(result, verdict, 5)

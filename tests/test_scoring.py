@@ -19,6 +19,7 @@ from mha_verify.properties.engine.runner import run_property
 from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.protocol import Conventions, TargetError
 from mha_verify.properties.targets.eager import load_target
+from tests.conftest import assert_verdict
 from tests.fixtures import scored_layers
 
 FIXTURE = "tests/fixtures/scored_layers.py:"
@@ -128,14 +129,14 @@ def test_qk_norms_and_bias_tables_are_read_from_the_layer(layer: str, reads: str
 ])
 def test_each_convention_is_verified_and_its_one_bug_twin_fails(layer: str, verdict: str) -> None:
     result = run_property(all_properties()["oracle_agreement"], load_target(FIXTURE + layer), settings=QUICK, seed=0)
-    assert result.verdict == verdict and result.examples >= 2, result
+    assert_verdict(result, verdict, 2)
 
 
 @pytest.mark.deep
 @pytest.mark.parametrize(("layer", "verdict"), [("Windowed", "pass"), ("WindowOffByOne", "fail")])
 def test_window_locality_sees_a_window_one_key_too_wide(layer: str, verdict: str) -> None:
     result = run_property(all_properties()["window_locality"], load_target(FIXTURE + layer), settings=QUICK, seed=0)
-    assert result.verdict == verdict and result.examples >= 2, result
+    assert_verdict(result, verdict, 2)
     if verdict == "fail":
         assert "rows outside key" in str(result.reason)
 

@@ -19,6 +19,9 @@ from mha_verify.properties.invariants.suite import all_properties
 from mha_verify.properties.targets.eager import Target
 from tests.mutants import ScaleBySqrtDModel
 
+# each test sets the shrink budget it is about (tests/conftest.py stops every other test at its first failure)
+pytestmark = pytest.mark.shrinks
+
 
 def _run(budget: float, monkeypatch: pytest.MonkeyPatch, settings: Settings, *, seconds_per_reading: float = 1.0,
          safety: float = 1e9) -> tuple[CheckResult, int]:
