@@ -105,7 +105,12 @@ class Conventions:
     axes: (B, Lq, Lk) sizes the target is fixed to (an exported model with static axes), None
         for each axis it takes at any size; examples are drawn at the fixed sizes.
     scale: the softmax scale the target multiplies scores by, declared or read (an ONNX
-        ``Attention``'s ``scale``); None: 1 / sqrt(Hd), the contract. The oracle applies it.
+        ``Attention``'s ``scale``); None: 1 / sqrt(Hd), the contract. The oracle applies it. Where the
+        layer's library declares the scale (:mod:`adapters.spec`), it is the declared one, whatever the
+        layer's code says.
+    departures: where the layer's code departs from what its library declares it should compute, in
+        words ("its code scales scores by 0.25 ... where its spec says 0.5 ..."): the oracle applies the
+        spec, and each failure of a check against the oracle names the departure.
     rotary: rotary position embeddings the target applies to q and k (:class:`mha.rotary.Rotary`),
         declared or read from the layer's config; the oracle applies them, and examples draw
         only head widths they can rotate. None: no position information (the contract).
@@ -170,6 +175,7 @@ class Conventions:
     output_dtype: torch.dtype | None = None
     axes: tuple[int | None, int | None, int | None] = (None, None, None)
     scale: float | None = None
+    departures: tuple[str, ...] = ()
     rotary: Rotary | None = None
     q_norm: Norm | None = None
     k_norm: Norm | None = None
@@ -248,6 +254,7 @@ class Conventions:
         if self.output_dtype is not None:
             parts.append(f"outputs {str(self.output_dtype).replace('torch.', '')}")
         parts += self.scoring.describe()
+        parts += [f"departs from its spec: {d}" for d in self.departures]
         if self.beyond:
             parts.append(f"laws only: it takes {self.beyond}")
         if self.mixes_positions:

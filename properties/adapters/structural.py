@@ -93,6 +93,7 @@ from mha_verify.properties.adapters.position_steps import convolved_projections,
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
+from mha_verify.properties.adapters.spec import declared_scale, scale_departure
 from mha_verify.properties.adapters.unmodelled import BEYOND, convolutions_over_positions, describe_steps, residual
 from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, NotApplicable
 
@@ -289,7 +290,7 @@ class StructuralAdapter(Adapter):
                                          "(one sequence), verified as self-attention")
         if not shared and pre_norm is not None:  # verified as self-attention: keys and values are the normalized input
             context_norm = pre_norm
-        scale, scale_how = self._scale(module)
+        scale, scale_how, departure = self._held_scale(module)
         rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
             if sig.rotary else (None, "")
         embedding = getattr(module, "position_embedding_type", None)
@@ -334,6 +335,7 @@ class StructuralAdapter(Adapter):
             dropout=has_dropout(module),
             kv_cache="hf_cache" if cache_argument(module) else None,
             scale=scale,
+            departures=(departure,) if departure else (),
             rotary=rotary,
             # its rotary code still runs, on pairs of columns (LightGlue's stacks x[..., ::2] with
             # x[..., 1::2]): where the rotation is by 0, head widths stay even
@@ -425,6 +427,26 @@ class StructuralAdapter(Adapter):
         p = self.params(module)
         head_dim = head_dim_of(module, p)
         return qk_norms(module, p.w_q.shape[0] // head_dim, head_dim, p.w_k.shape[0] // head_dim)
+
+    def _held_scale(self, module: nn.Module) -> tuple[float | None, str, str | None]:
+        """(the scale the oracle applies, how we know, the departure of the layer's code from it or None).
+
+        Where the layer's library declares its scale (:func:`adapters.spec.declared_scale`), that is the
+        scale, and a scale read from the code that is not it is a departure; elsewhere the code's reading
+        is the layer's convention."""
+        scale, how = self._scale(module)
+        try:
+            head_dim = head_dim_of(module, self.params(module))
+        except NotApplicable:
+            return scale, how, None
+        declared = declared_scale(module, head_dim)
+        if declared is None:
+            return scale, how, None
+        departure = scale_departure(scale, how, declared, head_dim)
+        if departure is None:
+            return scale, how, None
+        value = None if math.isclose(declared.value, head_dim ** -0.5, rel_tol=1e-6) else declared.value
+        return value, f"softmax scale {declared.how}", departure
 
     def _scale(self, module: nn.Module) -> tuple[float | None, str]:
         """The softmax scale the layer states (:func:`adapters.layer_attrs.layer_scale`), at its head width."""

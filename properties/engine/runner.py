@@ -233,6 +233,9 @@ def run_property(
     result, ex = _search(prop.name, prop.strategy, prop.reach, conv, run_dtype, evaluate, key=target.spec,
                          reason=reason, settings=settings, seed=seed, observer=observer,
                          replay=replay, start=start)
+    if result.verdict == "fail" and prop.needs_oracle and conv.departures:
+        # the oracle applied what the layer's library declares; the code said otherwise
+        result.reason = f"{result.reason} (its code departs from its spec: {'; '.join(conv.departures)})"
     if ex is not None:
         result.details["heatmap"] = heatmap(target, ex, run_dtype)
         if on_failure is not None:

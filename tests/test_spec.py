@@ -1,0 +1,66 @@
+"""What a layer should compute comes from its library's declaration (adapters/spec.py): the softmax scale
+a transformers layer is held to, from its config and its family's documented scale, and the words of a
+departure of its code from it. The layers themselves are in tests/ecosystem/test_spec.py."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from torch import nn
+
+from mha_verify.properties.adapters.spec import HF_SCALE_FAMILIES, declared_scale, hf_family, scale_departure
+
+
+def _layer(family: str | None, **config: object) -> nn.Module:
+    """A module whose class lives where transformers keeps ``family``'s layers, built from ``config``."""
+    module_name = "tests.test_spec" if family is None else f"transformers.models.{family}.modeling_{family}"
+    cls = type("Attention", (nn.Module,), {"__module__": module_name})
+    layer = cls()
+    layer.config = types.SimpleNamespace(**config)
+    return layer
+
+
+def test_a_transformers_layer_is_scaled_by_one_over_root_head_dim_unless_its_config_says_otherwise() -> None:
+    declared = declared_scale(_layer("llama", hidden_size=32, num_attention_heads=4), 8)
+    assert declared is not None and declared.value == pytest.approx(8 ** -0.5)
+    assert "1/sqrt(head_dim 8)" in declared.how
+    gemma = declared_scale(_layer("gemma2", query_pre_attn_scalar=256), 8)
+    assert gemma is not None and gemma.value == pytest.approx(1 / 16) and "query_pre_attn_scalar" in gemma.how
+    granite = declared_scale(_layer("granite", attention_multiplier=0.015625), 8)
+    assert granite is not None and granite.value == 0.015625 and "attention_multiplier" in granite.how
+    gpt2 = declared_scale(_layer("gpt2", scale_attn_weights=False), 8)
+    assert gpt2 is not None and gpt2.value == 1.0
+
+
+@pytest.mark.parametrize(("family", "value"), [("t5", 1.0), ("gemma3n", 1.0), ("inkling", 1 / 8),
+                                               ("zamba2", 4 ** -0.5)])
+def test_a_family_that_documents_another_scale_is_held_to_it(family: str, value: float) -> None:
+    declared = declared_scale(_layer(family), 8)
+    assert declared is not None and declared.value == pytest.approx(value)
+    assert HF_SCALE_FAMILIES[family][1].split(":")[0] in declared.how  # where the library says it
+
+
+@pytest.mark.parametrize("config", [{"scale_attn_by_inverse_layer_idx": True},
+                                    {"rope_parameters": {"rope_type": "yarn", "mscale": 0.707}}])
+def test_a_scale_the_rules_do_not_compute_is_not_declared(config: dict[str, object]) -> None:
+    assert declared_scale(_layer("deepseek_v3", **config), 8) is None
+
+
+def test_outside_transformers_or_without_a_config_nothing_is_declared() -> None:
+    assert hf_family(_layer(None)) is None
+    assert declared_scale(_layer(None, hidden_size=32), 8) is None
+    bare = _layer("llama")
+    del bare.config
+    assert declared_scale(bare, 8) is None
+
+
+def test_a_departure_names_what_the_code_does_and_what_the_spec_says() -> None:
+    declared = declared_scale(_layer("llama"), 4)
+    assert declared is not None
+    assert scale_departure(None, "", declared, 4) is None  # the code states nothing: 1/sqrt(4), the spec
+    assert scale_departure(0.5, "softmax scale 0.5 from its scaling attribute", declared, 4) is None
+    words = scale_departure(0.25, "softmax scale 0.25 from its scaling attribute", declared, 4)
+    assert words == ("its code scales scores by 0.25 (softmax scale 0.25 from its scaling attribute) where its "
+                     "spec says 1/sqrt(head_dim 4) = 0.5, transformers' scaled dot-product attention (no config "
+                     "field sets another)")
