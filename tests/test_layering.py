@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "properties.stand_ins": set(),                                      # torchvision/torchaudio stand-ins
     "properties.loading": {"properties.protocol", "properties.stand_ins"},  # FILE.py:NAME / module:NAME
     "properties.strategies": {"mha"},                                   # Hypothesis strategies
+    "properties.graph": set(),                                          # facts read from a traced call
     "properties.adapters": {"mha", "properties.protocol", "properties.loading"},
     "properties.targets": {"mha", "properties.protocol", "properties.loading", "properties.adapters"},
     "properties.onnx": {"mha", "properties.protocol", "properties.adapters"},

@@ -67,3 +67,20 @@ def test_the_shipped_class_agrees_with_its_spec_and_passes(model: str, cls: str)
     assert "departs from its spec" not in target.build(32, 4).conventions.describe()
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert_verdict(result, "pass", 10)
+
+
+def test_the_traced_graph_shows_the_departure_the_spec_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the regressed layer computes, read from a trace of one call (properties/graph), is the scale
+    its code states, not its spec's: the departure is in the computation, not only in an attribute."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from mha_verify.properties.graph import facts
+    from mha_verify.properties.graph.trace import trace_call
+
+    klass = importlib.import_module("transformers.models.llama.modeling_llama").LlamaAttention
+    monkeypatch.setattr(klass, "__init__", _stating(klass, lambda m: m.head_dim ** -1))
+    bound = load_target(HF.format("llama", "LlamaAttention")).build(32, 4)
+    x = torch.randn(2, 5, 32)
+    trace = trace_call(lambda q, k, v: bound(q, k, v, None), (x, x, x), owner=bound.module)
+    assert [f.value for f in facts.attention_scales(trace)] == [pytest.approx(8 ** -1)]
