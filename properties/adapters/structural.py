@@ -434,11 +434,13 @@ class StructuralAdapter(Adapter):
         Where the layer's library declares its scale (:func:`adapters.spec.declared_scale`), that is the
         scale, and a scale read from the code that is not it is a departure; elsewhere the code's reading
         is the layer's convention."""
-        scale, how = self._scale(module)
         try:
             head_dim = head_dim_of(module, self.params(module))
         except NotApplicable:
-            return scale, how, None
+            return None, "", None
+        if head_dim <= 0:
+            return None, "", None
+        scale, how = self._scale(module, head_dim)
         declared = declared_scale(module, head_dim)
         if declared is None:
             return scale, how, None
@@ -448,14 +450,9 @@ class StructuralAdapter(Adapter):
         value = None if math.isclose(declared.value, head_dim ** -0.5, rel_tol=1e-6) else declared.value
         return value, f"softmax scale {declared.how}", departure
 
-    def _scale(self, module: nn.Module) -> tuple[float | None, str]:
-        """The softmax scale the layer states (:func:`adapters.layer_attrs.layer_scale`), at its head width."""
-        try:
-            head_dim = head_dim_of(module, self.params(module))
-        except NotApplicable:
-            return None, ""
-        if head_dim <= 0:
-            return None, ""
+    def _scale(self, module: nn.Module, head_dim: int) -> tuple[float | None, str]:
+        """The softmax scale the layer's code states (:func:`adapters.layer_attrs.layer_scale`), at its head
+        width ``head_dim``."""
         scale, how = layer_scale(module, head_dim)
         if scale is None and library_of(module) not in {library for library, _ in recognition.LIBRARY_FORMATS}:
             stated = next((hit for _, source in forward_sources(module) if (hit := _SDPA_SCALE.search(source))), None)
