@@ -65,7 +65,7 @@ def softmax_axis(node: fx.Node) -> Fact:
     return Fact(dim, (_line(node),))
 
 
-def _operand_factor(node: fx.Node, lines: list[str]) -> tuple[float, str | None]:
+def _operand_factor(node: fx.Node, lines: list[str]) -> float:
     """The product of the numbers ``node`` was multiplied by on its way to a product's operand."""
     factor = 1.0
     while isinstance(node, fx.Node) and node.op == "call_function":
@@ -76,13 +76,13 @@ def _operand_factor(node: fx.Node, lines: list[str]) -> tuple[float, str | None]
             a, b = node.args[0], node.args[1]
             number = _number(b) if _number(b) is not None else _number(a)
             if number is None:
-                return factor, None  # a tensor factor: a learned scale, a norm's gain: the operand's own
+                return factor  # a tensor factor: a learned scale, a norm's gain: the operand's own
             lines.append(_line(node))
             factor = factor * number if node.target in (aten.mul.Tensor, aten.mul.Scalar) else factor / number
             node = a if _number(b) is not None else b  # type: ignore[assignment]
             continue
         break
-    return factor, None
+    return factor
 
 
 def score_scale(softmax: fx.Node) -> Fact:
@@ -105,7 +105,7 @@ def score_scale(softmax: fx.Node) -> Fact:
                 operands = node.args[:2]
             for operand in operands:
                 if isinstance(operand, fx.Node):
-                    factor *= _operand_factor(operand, lines)[0]
+                    factor *= _operand_factor(operand, lines)
             return Fact(factor, tuple(dict.fromkeys(reversed(lines))))
         if node.target in _CARRY or node.target in _FILL:
             node = node.args[0]
