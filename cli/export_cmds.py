@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mha_verify.arg_types import finite_positive, positive_int, positive_seconds, process_count, seed
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
+from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error, verdicts_exit
 from mha_verify.properties.engine.results import CheckResult
 
 if TYPE_CHECKING:
@@ -91,14 +91,16 @@ def cmd_export(args: argparse.Namespace) -> int:
             results = validate_model(tmp, eager=bound, settings=settings, bundle_dir=args.bundle_dir,
                                      name=exported.label)
             print(printable(format_results(results)))
-            if any(r.failed for r in results):
+            if any(r.failed or r.errored for r in results):
                 raise _Abort
     except ExportError as exc:
         print(printable(f"mha-verify: export failed: {exc}"), file=sys.stderr)
         return EXIT_FAIL
     except _Abort:
-        print(f"mha-verify: validation failed; {str(out)!r} was not written", file=sys.stderr)
-        return EXIT_FAIL
+        code = verdicts_exit(results)
+        print(f"mha-verify: validation {'failed' if code == EXIT_FAIL else 'did not finish'}; {str(out)!r} was not "
+              "written", file=sys.stderr)
+        return code
     print(f"wrote {out}")
     return EXIT_OK
 
@@ -129,7 +131,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if isinstance(done, int):
         return done
     print(printable(format_results(done, title="validate")))  # its checks' stage is "export" in reports
-    return EXIT_FAIL if any(r.failed for r in done) else EXIT_OK
+    return verdicts_exit(done)
 
 
 def layer_results(args: argparse.Namespace, *, quiet: bool = False) -> list[CheckResult] | int:

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK
+from mha_verify.exit_codes import verdicts_exit
 from mha_verify.properties.engine.results import CheckResult
 
 
@@ -62,9 +61,6 @@ def write_all(writers: Mapping[str, Any], documents: Mapping[str, bytes]) -> lis
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:
-    """1 if a check failed or none was verified (said on stderr: that is never a pass), else 0."""
-    if not any(r.verdict in ("pass", "declared", "finding") for r in results):
-        print("mha-verify: nothing was verified: no check passed (every one failed, warned or was not "
-              "applicable); this is not a pass", file=sys.stderr)
-        return EXIT_FAIL
-    return EXIT_FAIL if any(r.failed for r in results) else EXIT_OK
+    """1 if a check failed or none was verified (said on stderr: that is never a pass), 3 if a check of
+    mha-verify raised and none failed, else 0."""
+    return verdicts_exit(results)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mha_verify import report_text
 from mha_verify.escape import printable
-from mha_verify.exit_codes import EXIT_FAIL, EXIT_OK, usage_error
+from mha_verify.exit_codes import usage_error, verdicts_exit
 from mha_verify.properties.engine.results import CheckResult
 
 if TYPE_CHECKING:
@@ -98,12 +98,7 @@ def validate_model(args: argparse.Namespace, layer_results: LayerResults) -> int
         results += _verify_blocks(args, layer_results, model, blocks, eager.dims, agrees, len(results), total)
     print(printable("\n".join((report_text.table(results, "validate"), report_text.failures(results),
                                 report_text.findings(results), report_text.summary(results)))))
-    if any(r.failed for r in results):
-        return EXIT_FAIL
-    if not any(r.verdict == "pass" for r in results):
-        print("mha-verify: nothing was verified: no check passed; this is not a pass", file=sys.stderr)
-        return EXIT_FAIL
-    return EXIT_OK
+    return verdicts_exit(results, passing=("pass",))
 
 
 def _replay_writer(args: argparse.Namespace, mut: ModelUnderTest) -> ReplayWriter | None:
@@ -184,8 +179,9 @@ _LAYER_DEFAULTS = dict(eager=None, target=None, weights=None, inputs=None, d_mod
 
 def _block_result(name: str, what: str, checks: list[CheckResult] | int, seconds: float) -> CheckResult:
     if isinstance(checks, int):  # the cut file could not be read as an attention layer: ours to mend
-        return CheckResult(name, "blocks", "warn", seconds=seconds,
-                           reason=f"{what}: the cut-out block was refused as an attention file (said above)")
+        return CheckResult(name, "blocks", "error", seconds=seconds,
+                           reason=f"{what}: mha-verify refused the block it cut out as an attention file "
+                                  "(said above); the block has no verdict")
     failed = [c for c in checks if c.failed]
     passed = [c for c in checks if c.verdict == "pass"]
     names = ", ".join(dict.fromkeys(c.name.split("/")[-1] for c in failed))  # one per property, not per variant
@@ -196,6 +192,11 @@ def _block_result(name: str, what: str, checks: list[CheckResult] | int, seconds
                            worst_error=first.worst_error, allowed=first.allowed, counterexample=first.counterexample,
                            reason=f"{what}: {counts} ({names}); "
                                   f"{first.name.split('/')[-1]}: {first.reason}")
+    errored = [c for c in checks if c.errored]
+    if errored:  # a check of ours raised on the block: the block has no verdict
+        return CheckResult(name, "blocks", "error", seconds=seconds,
+                           reason=f"{what}: {len(errored)} of {len(checks)} checks raised in mha-verify; "
+                                  f"{errored[0].name.split('/')[-1]}: {errored[0].reason}")
     if not passed:
         return CheckResult(name, "blocks", "n/a", seconds=seconds, reason=f"{what}: no check of the registry passed")
     worst = max(passed, key=lambda c: (c.worst_error or 0.0) / (c.allowed or 1.0))

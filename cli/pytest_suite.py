@@ -24,6 +24,8 @@ def test_mha_property(name: str, mha_target: Target, request: pytest.FixtureRequ
     if result.verdict == "n/a":
         kind = f" ({result.kind_label})" if result.kind else ""
         pytest.skip(f"not applicable{kind}: {result.reason}")
+    if result.errored:  # mha-verify's own check raised: never a pass
+        pytest.fail(f"no verdict: {result}", pytrace=False)
     if result.failed:
         pytest.fail(f"{result}\ncounterexample: {result.counterexample}", pytrace=False)
     if result.verdict == "finding":  # passes, and is said: in pytest's warnings summary

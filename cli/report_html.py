@@ -13,8 +13,8 @@ from mha_verify.properties.engine.results import CheckResult
 from mha_verify.report_groups import as_float, group_failures, not_finite
 from mha_verify.report_text import hypothesis_hint
 
-_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "warn": "#ef6c00", "declared": "#6a1b9a", "finding": "#1565c0",
-            "n/a": "#757575"}
+_COLOURS = {"pass": "#2e7d32", "fail": "#c62828", "error": "#4e342e", "warn": "#ef6c00", "declared": "#6a1b9a",
+            "finding": "#1565c0", "n/a": "#757575"}
 # histogram bins: exactly 0, (0, 1e-5), [1e-5, 1e-4), ..., [1e-1, 1], then over 1, inf or NaN (a failure)
 _BINS = ["0", "<1e-5", "1e-5", "1e-4", "1e-3", "1e-2", "1e-1", ">1"]
 _FAIL_BIN = len(_BINS) - 1
@@ -178,7 +178,10 @@ def document(results: Sequence[CheckResult], *, target: str, profile: str, versi
         )
     vers = ", ".join(f"{e(k)} {e(v)}" for k, v in versions.items())
     failed = sum(r.failed for r in results)
-    verdict = f"FAIL: {failed} of {len(results)} checks failed" if failed else f"PASS: {len(results)} checks"
+    errored = sum(r.errored for r in results)
+    verdict = f"FAIL: {failed} of {len(results)} checks failed" if failed else \
+        f"NO VERDICT: {errored} of {len(results)} checks raised in mha-verify" if errored else \
+        f"PASS: {len(results)} checks"
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>mha-verify {e(verdict)}: {e(target)}</title>
 <style>body{{font-family:sans-serif;margin:1em 2em;color:#222}}h1{{margin:.2em 0}}
@@ -193,7 +196,7 @@ table.checks{{border-collapse:collapse}}
 .checks td,.checks th{{border-bottom:1px solid #ddd;padding:3px 8px;vertical-align:middle;text-align:left}}
 .num{{font-variant-numeric:tabular-nums;white-space:nowrap}}.note{{max-width:28em;font-size:90%}}
 .muted{{color:#999}}.vers{{font-size:75%}}.maps{{display:flex;flex-wrap:wrap;gap:1em}}figure{{margin:0}}</style></head>
-<body><h1 class="{"bad" if failed else "ok"}">mha-verify {e(verdict)}</h1>
+<body><h1 class="{"bad" if failed or errored else "ok"}">mha-verify {e(verdict)}</h1>
 <p class=meta>target <code>{e(target)}</code>, profile {e(profile)} <span class=vers>({vers})</span></p>
 {_summary(results)}
 <section id=checks><h2>Checks</h2>

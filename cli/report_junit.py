@@ -20,7 +20,7 @@ def document(results: Sequence[CheckResult], *, target: str) -> bytes:
         rows = [r for r in results if r.stage == stage]
         suite = ET.SubElement(
             root, "testsuite", name=stage, tests=str(len(rows)),
-            failures=str(sum(r.failed for r in rows)), errors="0",
+            failures=str(sum(r.failed for r in rows)), errors=str(sum(r.errored for r in rows)),
             skipped=str(sum(r.verdict == "n/a" for r in rows)), time=f"{sum(r.seconds for r in rows):.3f}",
         )
         for r in rows:
@@ -36,6 +36,10 @@ def document(results: Sequence[CheckResult], *, target: str) -> bytes:
                 failure.text = printable("\n".join(x for x in (
                     r.reason, f"counterexample: {r.counterexample}" if r.counterexample else None,
                     f"replay: {r.replay}" if r.replay else None) if x))
+            elif r.errored:  # mha-verify's own check raised: JUnit's error, not a failure of the target
+                error = ET.SubElement(case, "error", message=printable((r.reason or "raised")[:500]),
+                                      type="HarnessError")
+                error.text = printable(r.reason or "raised")
             elif r.verdict == "n/a":
                 ET.SubElement(case, "skipped", message=printable(r.reason or "not applicable"))
             out = ET.SubElement(case, "system-out")

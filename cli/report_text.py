@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from mha_verify.properties.engine.results import KINDS, VERDICTS, CheckResult
 from mha_verify.report_groups import group_failures
 
-_MARK = {"pass": "ok", "fail": "FAIL", "warn": "warn", "declared": "declared", "finding": "finding", "n/a": "n/a"}
+_MARK = {"pass": "ok", "fail": "FAIL", "error": "ERROR", "warn": "warn", "declared": "declared", "finding": "finding",
+         "n/a": "n/a"}
 
 
 def _num(x: float | None) -> str:
@@ -33,7 +34,7 @@ def table(results: Iterable[CheckResult], title: str | None = None) -> str:
             )
             if r.kind is not None:  # said in full once, under FINDING
                 lines.append(f"  {'':<{width}}  -> {r.kind_label}: see the finding below")
-            elif r.verdict in ("n/a", "warn", "declared") and r.reason:
+            elif r.verdict in ("error", "n/a", "warn", "declared") and r.reason:
                 lines.append(f"  {'':<{width}}  -> {r.reason}")
     return "\n".join(lines)
 
@@ -98,5 +99,6 @@ def summary(results: Iterable[CheckResult]) -> str:
     kinds = {label: sum(r.kind == kind for r in rows) for kind, label in KINDS.items()}
     found = "".join(f", {n} {label}" for label, n in kinds.items() if n)
     findings = f"{count['finding']} finding{'' if count['finding'] == 1 else 's'}"
-    return (f"{count['pass']} passed, {count['fail']} failed, {count['warn']} warned, "
+    errors = f", {count['error']} raised in mha-verify (no verdict)" if count["error"] else ""
+    return (f"{count['pass']} passed, {count['fail']} failed{errors}, {count['warn']} warned, "
             f"{count['declared']} declared, {findings}, {count['n/a']} not applicable{found}")

@@ -37,6 +37,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from mha_verify.exit_codes import EXIT_ERROR
 from mha_verify.export.atomic import AtomicWriter
 from mha_verify.folder_lock import hold_folder
 from mha_verify.isolation import describe_exit
@@ -313,7 +314,7 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
     if code == 2:
         return {"status": "check usage error", "reason": lines[-1] if lines else "exit code 2",
                 "check_seconds": seconds}
-    if code not in (0, 1) or not report.is_file():
+    if code not in (0, 1, EXIT_ERROR) or not report.is_file():
         return {"status": "check crashed", "check_seconds": seconds,
                 "reason": f"exited with code {code}" + (f": {lines[-1]}" if lines else "")}
     doc = json.loads(report.read_text())
@@ -330,8 +331,11 @@ def check_row(row: Row, opts: Options) -> dict[str, Any]:
             findings.setdefault(f"{kind}: {cause_of(str(r.get('reason') or ''))}", []).append(str(r.get("name")))
     written = sorted(str(p.relative_to(opts.out)) for p in bundles.glob("*/replay.py")) if bundles.is_dir() else []
     verified = sum(1 for r in results if r.get("verdict") != "n/a" and (r.get("examples") or 0) > 0)
-    status = "nothing verified" if verified == 0 else "passed" if code == 0 else "failed"
-    return {"status": status, "reason": "no check compared an example" if verified == 0 else "",
+    errors = [f"{r.get('name')}: {r.get('reason')}" for r in results if r.get("verdict") == "error"]
+    status = "check raised in mha-verify" if code == EXIT_ERROR else "nothing verified" if verified == 0 else \
+        "passed" if code == 0 else "failed"
+    reason = "; ".join(errors)[:300] if code == EXIT_ERROR else "no check compared an example" if verified == 0 else ""
+    return {"status": status, "reason": reason,
             "counts": {k: int(v) for k, v in doc.get("counts", {}).items()}, "verified": verified,
             "causes": causes, "findings": findings, "bundles": written, "check_seconds": seconds}
 

@@ -87,7 +87,8 @@ def report(rows: list[Row], out: Path, *, build_only: bool) -> int:
     print(", ".join(f"{k} {v}" for k, v in total.items()))
     print(f"table: {out / 'sweep.md'}")
     bad = total["failed"] + sum(total.get(s, 0) for s in ("check timed out", "check crashed", "nothing verified",
-                                                           "hung while built", "crashed while built"))
+                                                           "hung while built", "crashed while built",
+                                                           "check raised in mha-verify"))
     if build_only:
         return EXIT_OK if total["built"] else EXIT_FAIL
     return EXIT_FAIL if bad or not total["verified"] else EXIT_OK

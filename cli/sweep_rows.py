@@ -11,7 +11,8 @@ from mha_verify.properties.engine.results import KINDS
 
 #: statuses of a row; "passed" and "failed" are the gate's verdicts on a built class
 STATUSES = ("not built", "wrapper", "hung while built", "crashed while built", "built", "passed", "failed",
-            "nothing verified", "check timed out", "check crashed", "check usage error")
+            "nothing verified", "check timed out", "check crashed", "check usage error",
+            "check raised in mha-verify")
 #: statuses of a class that was not built with no user code
 UNBUILT = ("not built", "wrapper", "hung while built", "crashed while built")
 

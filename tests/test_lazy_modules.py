@@ -39,8 +39,8 @@ def test_an_error_outside_the_targets_calls_is_named_the_harness_s(monkeypatch: 
     clean clone with -n 2). Either is raised by the example generation, outside the target's calls."""
     monkeypatch.setattr(runner, "shield_module_walk", lambda: None)
     result = runner.run_property(all_properties()["query_permutation"], load_target(SPEC), settings=SETTINGS)
-    assert result.verdict == "warn", result
-    raised = str(result.reason).removeprefix("not the target's: the harness's example generation raised ")
+    assert result.verdict == "error", result
+    raised = str(result.reason).removeprefix("not the target's: mha-verify's example generation raised ")
     assert raised != str(result.reason), result.reason
     assert raised.startswith(("ImportError", "FlakyStrategyDefinition")), result.reason
     assert "the target raised" not in str(result.reason)

@@ -17,11 +17,17 @@ A target that raises on non-contiguous inputs (a ``.view()`` of its input, as HF
 does) but not on contiguous copies of them has not computed a wrong answer: the call is
 :class:`~mha_verify.properties.protocol.NotApplicable` with that reason, so the example counts
 as unchecked rather than failing every property a third of whose examples are views.
+
+An exception raised while the target runs — its construction, forward, backward or cache — is
+marked here as the target's (:func:`target_side`): the runner makes it the check's failure. Any
+other exception is raised by mha-verify's own check, and is an error of the run, never a verdict
+on the target (:func:`raised_by_target`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import torch
@@ -53,6 +59,30 @@ def _output(out: object, q: torch.Tensor, d_model: int, declared: torch.dtype | 
     return out
 
 
+_TARGET_MARK = "_mha_verify_raised_by_target"
+
+
+@contextlib.contextmanager
+def target_side() -> Iterator[None]:
+    """Run the target's own code (construction, forward, backward): an exception raised inside is
+    marked as the target's, with its type and message unchanged (a property may catch the
+    ValueError a layer raises on bad input)."""
+    try:
+        yield
+    except (Violation, NotApplicable):
+        raise
+    except Exception as exc:
+        with contextlib.suppress(AttributeError, TypeError):  # an exception type that takes no attribute
+            setattr(exc, _TARGET_MARK, True)
+        raise
+
+
+def raised_by_target(exc: BaseException) -> bool:
+    """Whether ``exc`` is the target's failure (a Violation a check measured, or an exception the
+    target raised under :func:`target_side`) rather than an exception of mha-verify's own check."""
+    return isinstance(exc, Violation) or bool(getattr(exc, _TARGET_MARK, False))
+
+
 def _snapshot(*inputs: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     return tuple(None if t is None else t.detach().clone() for t in inputs)
 
@@ -81,7 +111,8 @@ def _called(fn: Callable[..., _T], q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """``fn(q, k, v, mask)``; where it raises on non-contiguous inputs and not on contiguous copies
     of them, NotApplicable naming the error."""
     try:
-        return fn(q, k, v, mask)
+        with target_side():
+            return fn(q, k, v, mask)
     except (Violation, NotApplicable):
         raise
     except Exception as exc:
@@ -127,7 +158,8 @@ class Checked:
         widen = getattr(self.inner, "in_float64", None)
         if widen is None:
             raise NotApplicable("laws only: the target has no float64 forward to measure its rounding against")
-        return Checked(widen())
+        with target_side():
+            return Checked(widen())
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -149,19 +181,23 @@ class Checked:
         return _output(out, q, self.d_model, declared), _output(weights, q, self.d_model, declared, "weights")
 
     def set_dropout(self, p: float) -> bool:
-        return self.inner.set_dropout(p)
+        with target_side():
+            return self.inner.set_dropout(p)
 
     def set_training(self, mode: bool) -> None:
-        self.inner.set_training(mode)
+        with target_side():
+            self.inner.set_training(mode)
 
     def cached(self, x: torch.Tensor, chunks: tuple[int, ...]) -> torch.Tensor:
         before = _snapshot(x, x, x, None)
-        out = self.inner.cached(x, chunks)
+        with target_side():
+            out = self.inner.cached(x, chunks)
         _unchanged(before, x, x, x, None)
         return _output(out, x, self.d_model, self.conventions.output_dtype)
 
     def fresh(self) -> Checked:
-        return Checked(self.inner.fresh())
+        with target_side():
+            return Checked(self.inner.fresh())
 
 
 def weights_if_any(instance: Instance, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

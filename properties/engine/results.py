@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-VERDICTS = ("pass", "fail", "warn", "declared", "finding", "n/a")
+VERDICTS = ("pass", "fail", "error", "warn", "declared", "finding", "n/a")
 
 #: what a finding that is not a failure is, as a maintainer of the layer's library would read it:
 #: each decided from evidence the harness measured or read from the layer's code, never from a name
@@ -34,11 +34,12 @@ KINDS: dict[str, str] = {
 class CheckResult:
     """The outcome of one check (a property, or one export/validation configuration).
 
-    verdict: "pass"; "fail"; "warn" (passed, with a remark such as an exception type that is
-    not ValueError/TypeError); "declared" (the target documents another convention, e.g.
-    NaN on fully masked rows, and behaved as it declared); "finding" (true, and not a defect under
-    the layer's own contract: ``kind`` says what it is, ``reason`` the evidence); "n/a" (cannot
-    apply to this target: ``reason`` says why; never counted as passed).
+    verdict: "pass"; "fail"; "error" (a check of mha-verify itself raised: no verdict on the target,
+    and never a green run: the CLI exits 3 where nothing failed); "warn" (passed, with a remark
+    such as an exception type that is not ValueError/TypeError); "declared" (the target documents
+    another convention, e.g. NaN on fully masked rows, and behaved as it declared); "finding"
+    (true, and not a defect under the layer's own contract: ``kind`` says what it is, ``reason``
+    the evidence); "n/a" (cannot apply to this target: ``reason`` says why; never counted as passed).
     kind: a key of :data:`KINDS` for a finding (required) or an n/a whose cause is one (a float64
     gradcheck of a layer that computes float64 at float32 is n/a by its precision policy); None else.
     worst_error / allowed: the largest error seen and the tolerance allowed at that example.
@@ -74,6 +75,11 @@ class CheckResult:
     @property
     def failed(self) -> bool:
         return self.verdict == "fail"
+
+    @property
+    def errored(self) -> bool:
+        """A check of mha-verify raised: what it checked has no verdict."""
+        return self.verdict == "error"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (inf and NaN errors become strings)."""

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from mha_verify.mha.reference import multi_head
-from mha_verify.properties.engine.call_path import Checked, weights_if_any
+from mha_verify.properties.engine.call_path import Checked, raised_by_target, target_side, weights_if_any
 from mha_verify.properties.engine.keyed_database import keyed
 from mha_verify.properties.engine.lazy_modules import shield_module_walk
 from mha_verify.properties.engine.measure import Measure, Violation, error_line
@@ -63,6 +63,7 @@ class _Stats:
     remarks: list[str] = field(default_factory=list)
     findings: dict[str, str] = field(default_factory=dict)  # kind -> the first example's evidence
     failure: str | None = None
+    ours: bool = False  # the failure recorded last was raised by mha-verify's own check, not the target
     failing_example: AttnExample | None = None
     failing_ratio: float | str | None = None
     ratios: list[float | str] = field(default_factory=list)  # error / allowed, per checked example
@@ -106,9 +107,12 @@ def _json_ratio(x: float) -> float | str:
     return float(f"{x:.4g}") if math.isfinite(x) else str(x)
 
 
-def _summary(exc: BaseException) -> str:
+def _summary(exc: BaseException, ours: bool = False) -> str:
     if isinstance(exc, Violation):
         return str(exc)
+    if ours:
+        return (f"not the target's: mha-verify's check raised {type(exc).__name__}: {error_line(exc)} "
+                "(a defect of mha-verify; nothing was checked after it)")
     return f"the target raised {type(exc).__name__}: {error_line(exc)}"
 
 
@@ -172,7 +176,8 @@ def _check_example(evaluate: Callable[[AttnExample], Measure], stats: _Stats, ex
             observer(ex, exc)
         return
     except Exception as exc:
-        stats.failure, stats.failing_example = _summary(exc), ex
+        stats.ours = not (raised_by_target(exc) or isinstance(exc, TargetExited))
+        stats.failure, stats.failing_example = _summary(exc, stats.ours), ex
         if stats.first_failure_at is None:
             stats.first_failure_at = time.perf_counter()
         if isinstance(exc, Violation):
@@ -228,7 +233,9 @@ def run_property(
 
     def evaluate(ex: AttnExample) -> Measure:
         s = ex.sizes
-        return prop.check(Checked(target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype)), ex)
+        with target_side():
+            built = Checked(target.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
+        return prop.check(built, ex)
 
     result, ex = _search(prop.name, prop.strategy, prop.reach, conv, run_dtype, evaluate, key=target.spec,
                          reason=reason, settings=settings, seed=seed, observer=observer,
@@ -277,8 +284,9 @@ def run_relation(
 
     def evaluate(ex: AttnExample) -> Measure:
         s = ex.sizes
-        a = Checked(first.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
-        b = Checked(second.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
+        with target_side():
+            a = Checked(first.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
+            b = Checked(second.build(s.d_model, s.n_head, seed=ex.seed, dtype=run_dtype))
         return rel.check(a, b, ex)
 
     result, _ = _search(rel.name, rel.strategy, rel.reach, conv, run_dtype, evaluate,
@@ -384,14 +392,16 @@ def _search(
                     and isinstance(inner[0], BaseException):
                 cause = inner[0]
             first = (str(cause).strip().splitlines() or [""])[0][:300]
-            return CheckResult(name, "properties", "warn", seconds=seconds, details=details, reason=(
-                f"not the target's: the harness's example generation raised {type(cause).__name__}: {first} "
+            return CheckResult(name, "properties", "error", seconds=seconds, details=details, reason=(
+                f"not the target's: mha-verify's example generation raised {type(cause).__name__}: {first} "
                 "(nothing was checked after it)")), None
         ex = stats.failing_example
         notes = [n for n in getattr(error, "__notes__", []) if "reproduce_failure" in n or "@seed" in n]
         if notes:
             details["hypothesis"] = notes
         reason = stats.failure or _summary(error)
+        if stats.ours:  # mha-verify's own check raised: no verdict on the target, and no replay of it
+            return verdict("error", reason, counterexample=None if ex is None else ex.describe()), None
         if stats.safety_net:
             reason += (f" (shrinking stopped by its {SHRINK_SAFETY_SECONDS:g} s safety net before its {SHRINK_STEPS} "
                        "steps: this counterexample depends on the machine's speed)")

@@ -16,6 +16,7 @@ import torch
 from mha_verify.mha.reference import MHAParams, kv_heads, multi_head, multi_head_graph
 from mha_verify.mha.scoring import Norm
 from mha_verify.mha.tolerance import Comparison, compare, tolerance_for
+from mha_verify.properties.engine.call_path import target_side
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, ensure, worst
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Instance
@@ -56,7 +57,8 @@ def _exposed(params: MHAParams) -> list[str]:
 
 def _grads(out: torch.Tensor, wrt: list[torch.Tensor], g: torch.Tensor) -> list[torch.Tensor]:
     """d sum(out * g) / d wrt; autograd's None (not used) is a gradient of zeros."""
-    got = torch.autograd.grad(out, wrt, g.to(out.dtype), allow_unused=True)
+    with target_side():  # the target's backward (and the oracle's, which does not raise)
+        got = torch.autograd.grad(out, wrt, g.to(out.dtype), allow_unused=True)
     return [torch.zeros_like(t) if d is None else d for t, d in zip(wrt, got, strict=True)]
 
 

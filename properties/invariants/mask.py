@@ -18,7 +18,7 @@ from mha_verify.properties.engine.applicable import (
     mixed_positions,
     weights_beyond,
 )
-from mha_verify.properties.engine.call_path import weights_if_any
+from mha_verify.properties.engine.call_path import target_side, weights_if_any
 from mha_verify.properties.engine.measure import (
     UNCHECKED,
     Measure,
@@ -172,7 +172,8 @@ def masked_grad_zero(bound: Instance, ex: AttnExample) -> Measure:
     q = ex.q.clone().requires_grad_(True)
     out = bound(q, k, v, ex.mask)
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(ex.seed)).to(out.dtype)
-    (out * g).sum().backward()
+    with target_side():  # the target's backward
+        (out * g).sum().backward()
     found = Measure()
     for t in (k, v):
         name = "k" if t is k else "v"

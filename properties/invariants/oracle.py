@@ -18,7 +18,7 @@ from mha_verify.mha.reference import (
 )
 from mha_verify.mha.tolerance import compare, tolerance_for
 from mha_verify.properties.engine.applicable import comparable_rows, examples_for
-from mha_verify.properties.engine.call_path import weights_if_any
+from mha_verify.properties.engine.call_path import target_side, weights_if_any
 from mha_verify.properties.engine.measure import UNCHECKED, Measure, Violation, ensure, oracle, worst
 from mha_verify.properties.engine.registry import invariant
 from mha_verify.properties.protocol import Conventions, Instance, NotApplicable
@@ -200,7 +200,8 @@ def gradcheck(bound: Instance, ex: AttnExample) -> Measure:
             return bound(t[0], t[0], t[0], ex.mask)[rows]
 
     try:
-        ok = torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
+        with target_side():  # torch's gradcheck of the target's forward and backward
+            ok = torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-3, fast_mode=True)
     except NotApplicable:
         raise
     except RuntimeError as exc:

@@ -3,7 +3,8 @@
 A check that raises :class:`Violation` fails on the batch Hypothesis shrinks to (named in the
 result with what to replay); one that checked no batch is n/a, never a pass; a finding is said
 with its kind. An exception raised by onnxruntime or the eager model is a failure of the check,
-named with its type: a model that cannot take a batch it declares it takes is a defect.
+named with its type: a model that cannot take a batch it declares it takes is a defect. An
+exception of the check's own code is an error of the run: no verdict, and never a green run.
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ def run_check(name: str, mut: ModelUnderTest, settings: Settings, write_replay: 
         return CheckResult(name, STAGE, "fail", examples=stats.examples, seconds=time.perf_counter() - start,
                            reason=f"a batch failed, then passed when run again (not deterministic): {stats.message}",
                            counterexample=None if stats.failing is None else stats.failing.describe())
-    except Exception as exc:  # raised by the check's own code or by Hypothesis: never the model's verdict
-        return CheckResult(name, STAGE, "warn", examples=stats.examples, seconds=time.perf_counter() - start,
+    except Exception as exc:  # raised by the check's own code or by Hypothesis: no verdict, never a green run
+        return CheckResult(name, STAGE, "error", examples=stats.examples, seconds=time.perf_counter() - start,
+                           counterexample=None if stats.failing is None else stats.failing.describe(),
                            reason=f"not the model's: mha-verify's check raised {type(exc).__name__}: "
                                   f"{(str(exc).strip().splitlines() or [''])[0][:300]} (nothing was checked after it)")
     seconds = time.perf_counter() - start
