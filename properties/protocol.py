@@ -84,6 +84,9 @@ class Conventions:
         the CPU), its words: the layer is then called without gradients (``grads`` False), and the gradient
         properties are n/a of kind inherited; None otherwise.
     dropout: it has a dropout probability the harness can set (False: none, or not settable).
+    dropout_declared: where its library declares that its attention dropout acts in training (a
+        transformers config's ``attention_dropout``), in words; a dropout that then never acts is a
+        failure, not an argument the layer ignores. None: nothing declares it.
     sizes: a fixed (d_model, n_head) (an exported model), or None: any size can be built.
     dtype: a fixed compute dtype (an exported model), or None: built in the dtype asked for.
     kv_heads: key/value heads for grouped-query attention, None for H (read from weights).
@@ -165,6 +168,7 @@ class Conventions:
     grads: bool = True
     grads_refused: str | None = None
     dropout: bool = True
+    dropout_declared: str | None = None
     sizes: tuple[int, int] | None = None
     dtype: torch.dtype | None = None
     kv_heads: int | None = None

@@ -9,7 +9,19 @@ import types
 import pytest
 from torch import nn
 
-from mha_verify.properties.adapters.spec import HF_SCALE_FAMILIES, declared_scale, hf_family, scale_departure
+from mha_verify.properties.adapters.spec import (
+    HF_REVERSE_ROTARY,
+    HF_SCALE_FAMILIES,
+    DeclaredCausal,
+    causal_departure,
+    declared_causal,
+    declared_dropout,
+    declared_reverse,
+    declared_scale,
+    hf_family,
+    rotary_departure,
+    scale_departure,
+)
 
 
 def _layer(family: str | None, **config: object) -> nn.Module:
@@ -64,3 +76,55 @@ def test_a_departure_names_what_the_code_does_and_what_the_spec_says() -> None:
     assert words == ("its code scales scores by 0.25 (softmax scale 0.25 from its scaling attribute) where its "
                      "spec says 1/sqrt(head_dim 4) = 0.5, transformers' scaled dot-product attention (no config "
                      "field sets another)")
+
+
+def test_a_transformers_rotary_turns_forward_unless_its_family_documents_otherwise() -> None:
+    assert declared_reverse(_layer("llama")) == (False, "transformers' rotary turns forward "
+                                                        "(`rotate_half(x) = cat(-x2, x1)`)")
+    nanochat = declared_reverse(_layer("nanochat"))
+    assert nanochat is not None and nanochat[0] is True and "nanochat/modeling_nanochat.py" in nanochat[1]
+    assert set(HF_REVERSE_ROTARY) == {"nanochat"}
+    assert declared_reverse(_layer(None)) is None  # outside transformers: the code's reading is the convention
+    said = rotary_departure(True, "its apply_rotary_pos_emb on a probe", (False, "forward"))
+    assert said == "its code turns its rotary the other way (its apply_rotary_pos_emb on a probe) where its spec " \
+                   "says forward"
+    assert rotary_departure(False, "x", (False, "forward")) is None
+
+
+@pytest.mark.parametrize(("config", "field"), [
+    ({"attention_dropout": 0.0}, "attention_dropout"),
+    ({"attention_probs_dropout_prob": 0.1}, "attention_probs_dropout_prob"),
+    ({"attn_pdrop": 0.1, "hidden_dropout": 0.1}, "attn_pdrop"),
+    ({"hidden_dropout": 0.1}, None),  # not the attention's
+    ({"attention_dropout": True}, None),  # not a probability
+    ({"attention_dropout": 1.5}, None),
+])
+def test_the_attention_dropout_a_config_declares(config: dict[str, object], field: str | None) -> None:
+    said = declared_dropout(_layer("llama", **config))
+    assert (said is None) == (field is None), said
+    assert field is None or said == f"its config's {field} (SimpleNamespace)"
+    assert declared_dropout(_layer(None, **config)) is None
+
+
+def test_setting_dropout_sets_the_attention_dropout_of_the_config_a_layer_holds() -> None:
+    """As a user of its library sets it: a layer that reads its config's probability at every call (Data2Vec's
+    vision SDPA layer) drops with it; an integer 0 is a probability too (AltCLIP's text config)."""
+    from mha_verify.properties.adapters.layer_attrs import set_all_dropout
+
+    layer = _layer("llama", attention_probs_dropout_prob=0, hidden_dropout=0.0)
+    layer.attention_dropout = 0
+    assert set_all_dropout(layer, 0.3)
+    assert layer.config.attention_probs_dropout_prob == 0.3 and layer.attention_dropout == 0.3
+    assert layer.config.hidden_dropout == 0.0  # not the attention's
+
+
+def test_a_causal_departure_names_the_flag_and_the_declaration() -> None:
+    declared = DeclaredCausal("causal: transformers lists 'gpt2' as a causal language model", unmasked=True)
+    assert causal_departure(False, "causal from its is_causal=False attribute", declared) == (
+        "its code is not causal (causal from its is_causal=False attribute) where its spec says causal: "
+        "transformers lists 'gpt2' as a causal language model")
+    assert causal_departure(True, "x", declared) is None
+    assert causal_departure("bottom_right", "x", declared) is None
+    assert declared_causal(_layer(None, model_type="gpt2")) is None  # outside transformers
+    assert declared_causal(_layer("bert", model_type="bert")) is None  # a masked language model too (or no
+    # transformers installed: nothing to read its lists from)

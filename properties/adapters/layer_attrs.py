@@ -70,22 +70,40 @@ def returns_weights(module: nn.Module) -> bool:
 
 
 def dropout_attrs(module: nn.Module) -> list[tuple[nn.Module, str]]:
-    """Every (submodule, attribute) holding a dropout probability as a float."""
+    """Every (submodule, attribute) holding a dropout probability: a float, or the integer 0 (AltCLIP's text
+    config writes its ``attention_probs_dropout_prob`` as ``0``, and its layer passes it to SDPA)."""
     found = []
     for sub in module.modules():
         for attr in DROPOUT_ATTRS:
             value = sub.__dict__.get(attr)
-            if isinstance(value, float) and not isinstance(value, bool):
+            if (isinstance(value, float) or (isinstance(value, int) and value == 0)) and not isinstance(value, bool):
                 found.append((sub, attr))
     return found
+
+
+#: the config fields transformers documents as the dropout of the attention probabilities (216, 31 and
+#: 4 layers of transformers 5.24.0 copy them, in this order of frequency)
+CONFIG_DROPOUT_FIELDS = ("attention_dropout", "attention_probs_dropout_prob", "attn_pdrop")
+
+
+def is_probability(value: object) -> bool:
+    """A number in [0, 1), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value < 1.0
 
 
 def set_all_dropout(module: nn.Module, p: float) -> bool:
     """Set every dropout probability ``module`` holds to ``p``: nn.Dropout modules and float
     attributes (``dropout``, ``attn_dropout``, ``dropout_p``, ``attention_dropout``,
-    ``attn_pdrop``, ``residual_dropout``, which layers pass to ``F.dropout`` or SDPA's ``dropout_p``).
-    False if none."""
+    ``attn_pdrop``, ``residual_dropout``, which layers pass to ``F.dropout`` or SDPA's ``dropout_p``),
+    and the attention dropout of a config a module holds (:data:`CONFIG_DROPOUT_FIELDS`: Data2Vec's
+    vision layer passes ``self.config.attention_probs_dropout_prob`` to SDPA at every call), as a user of
+    its library sets it. False if none."""
     found = False
+    for sub in module.modules():
+        config = sub.__dict__.get("config")
+        for field in CONFIG_DROPOUT_FIELDS:
+            if config is not None and is_probability(getattr(config, field, None)):
+                setattr(config, field, float(p))
     for sub in module.modules():
         if isinstance(sub, nn.modules.dropout._DropoutNd):
             sub.p = p

@@ -8,20 +8,36 @@ named in the layer's conventions and in every failure of a check against the ora
 scale then fails ("its code scales scores by 0.25 where 1/sqrt(head_dim 4) = 0.5"), instead of
 passing as the layer's convention.
 
-Declared so far: the softmax scale of transformers layers. A transformers attention layer scales
+Declared so far, for transformers layers: the softmax scale, the direction its rotary turns and
+the attention dropout its config holds. A transformers attention layer scales
 its scores by 1/sqrt(head_dim) unless its config says otherwise (``query_pre_attn_scalar``,
 ``attention_multiplier``, ``scale_attn_weights``) or its model family documents another scale
 (:data:`HF_SCALE_FAMILIES`); where the config sets a scale the rules here do not compute (YaRN's
 ``mscale``, a scale divided by the layer's index), nothing is declared and the code's reading
 stands, said as read from the code.
+
+A transformers rotary turns forward — ``rotate_half(x) = cat(-x2, x1)``, or the same over
+neighbouring pairs — in every family but those of :data:`HF_REVERSE_ROTARY`; which columns pair is
+still read from the layer's own functions. A transformers config's attention dropout
+(``layer_attrs.CONFIG_DROPOUT_FIELDS``) is a promise that in training the attention weights are
+dropped: a layer that holds the probability and never drops is a failure, not an argument it
+ignores — unless the layer refuses the field above 0 when it is built (DiffLlama), which is its
+library saying so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import math
+import weakref
 from dataclasses import dataclass
 
+import torch
 from torch import nn
+
+from mha_verify.properties.adapters.construction import constructor_signature
+from mha_verify.properties.adapters.layer_attrs import CONFIG_DROPOUT_FIELDS, is_probability
 
 #: transformers model families (the folder under ``transformers/models/``) whose layers scale their
 #: scores by other than 1/sqrt(head_dim) with no config field saying so: family -> (rule, where the
@@ -41,6 +57,12 @@ HF_SCALE_FAMILIES: dict[str, tuple[str, str]] = {
     "zamba2": ("inverse_sqrt_half_head_dim", "zamba2/modeling_zamba2.py:239: `(self.head_dim / 2) ** -0.5`"),
 }
 
+
+#: transformers families whose rotary turns the other way (``rotate_half`` returning ``cat(x2, -x1)``):
+#: family -> where the library says so (transformers 5.24.0)
+HF_REVERSE_ROTARY: dict[str, str] = {
+    "nanochat": "nanochat/modeling_nanochat.py:167: `rotate_half` returns `torch.cat((x2, -x1), dim=-1)`",
+}
 
 @dataclass(frozen=True)
 class Declared:
@@ -101,3 +123,134 @@ def scale_departure(read: float | None, read_how: str, declared: Declared, head_
         return None
     said = read_how or f"1/sqrt(head_dim {head_dim})"
     return f"its code scales scores by {value:.6g} ({said}) where its spec says {declared.how}"
+
+
+def declared_reverse(module: nn.Module) -> tuple[bool, str] | None:
+    """(whether ``module``'s rotary turns the other way, where its library says so), or None where its
+    library declares no direction (a class outside transformers)."""
+    family = hf_family(module)
+    if family is None:
+        return None
+    if family in HF_REVERSE_ROTARY:
+        return True, f"its family's rotary turns the other way (transformers {HF_REVERSE_ROTARY[family]})"
+    return False, "transformers' rotary turns forward (`rotate_half(x) = cat(-x2, x1)`)"
+
+
+def rotary_departure(read_reverse: bool, read_how: str, declared: tuple[bool, str]) -> str | None:
+    """The words of a departure where the rotary's direction read from the code is not the declared one."""
+    if read_reverse == declared[0]:
+        return None
+    turns = "the other way" if read_reverse else "forward"
+    return f"its code turns its rotary {turns} ({read_how}) where its spec says {declared[1]}"
+
+
+def declared_dropout(module: nn.Module) -> str | None:
+    """The attention dropout ``module``'s library declares for it, in words (the config field), or None:
+    for a transformers layer whose config holds a field of ``CONFIG_DROPOUT_FIELDS``, unless building
+    the layer with that field above 0 raises (:func:`_refuses_dropout`)."""
+    family = hf_family(module)
+    config = getattr(module, "config", None)
+    if family is None or config is None:
+        return None
+    field = next((f for f in CONFIG_DROPOUT_FIELDS if is_probability(getattr(config, f, None))), None)
+    if field is None or _refuses_dropout(type(module), config, field):
+        return None
+    return f"its config's {field} ({type(config).__name__})"
+
+
+_REFUSES: dict[tuple[type, str], bool] = {}
+
+
+def _refuses_dropout(cls: type, config: object, field: str) -> bool:
+    """Whether ``cls`` built from ``config`` with ``field`` = 0.1 raises ValueError (DiffLlama's "does
+    not support `attention_dropout > 0`"). Only a constructor that takes the config and, at most, a
+    layer index is built; any other is not (False: its config's promise stands)."""
+    key = (cls, field)
+    if key not in _REFUSES:
+        params = {name: p for name, p in constructor_signature(cls).parameters.items()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+        required = [name for name, p in params.items() if p.default is p.empty]
+        refused = False
+        if "config" in required and set(required) <= {"config", "layer_idx"}:
+            changed = copy.deepcopy(config)
+            setattr(changed, field, 0.1)
+            with contextlib.suppress(Exception):  # any other error is not a refusal: the promise stands
+                try:
+                    cls(config=changed, **({"layer_idx": 0} if "layer_idx" in params else {}))
+                except ValueError:
+                    refused = True
+        _REFUSES[key] = refused
+    return _REFUSES[key]
+
+
+#: constructor parameters by which a layer's caller chooses its role (a decoder's causal self-attention,
+#: an encoder's or a cross-attention): where the class takes one, the instance built is the role asked
+#: for, and its library declares nothing more about it
+_ROLE_PARAMETERS = ("is_causal", "causal", "is_decoder")
+
+
+@dataclass(frozen=True)
+class DeclaredCausal:
+    """A self-attention layer of a decoder-only model: causal, by its library's declaration (``how``);
+    ``unmasked``: its model calls it with no mask on a batch without padding (transformers'
+    ``create_causal_mask`` under sdpa), its own causal flag then deciding."""
+
+    how: str
+    unmasked: bool
+
+
+_CAUSAL: weakref.WeakKeyDictionary[nn.Module, DeclaredCausal | None] = weakref.WeakKeyDictionary()
+
+
+def declared_causal(module: nn.Module) -> DeclaredCausal | None:
+    """:func:`_declared_causal`, read once per layer (a layer's conventions are read at every call)."""
+    if module not in _CAUSAL:
+        _CAUSAL[module] = _declared_causal(module)
+    return _CAUSAL[module]
+
+
+def _declared_causal(module: nn.Module) -> DeclaredCausal | None:
+    """Causality ``module``'s library declares for it, or None: a transformers layer whose config's model type
+    its library lists as a causal language model (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``), and neither as a
+    masked one nor as a sequence-to-sequence one, built as self-attention (its class takes no argument that
+    chooses its role, and is not built as cross-attention)."""
+    config = getattr(module, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if hf_family(module) is None or not isinstance(model_type, str) or getattr(config, "is_encoder_decoder", False):
+        return None
+    try:
+        from transformers.models.auto import modeling_auto
+    except ImportError:
+        return None
+    lists = {name: getattr(modeling_auto, name, {}) for name in (
+        "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+        "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES")}
+    causal_lm = lists["MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"].get(model_type)
+    if causal_lm is None or any(model_type in lists[n] for n in lists if n != "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"):
+        return None
+    params = constructor_signature(type(module)).parameters
+    if any(p in params for p in _ROLE_PARAMETERS) or module.__dict__.get("is_cross_attention") is True:
+        return None
+    how = (f"causal: transformers lists {model_type!r} as a causal language model ({causal_lm}) and no masked or "
+           "sequence-to-sequence one")
+    return DeclaredCausal(how, _model_passes_no_mask(config))
+
+
+def _model_passes_no_mask(config: object) -> bool:
+    """Whether transformers' ``create_causal_mask`` gives no mask for ``config`` on a batch of 3 tokens without
+    padding (sdpa skips it, and the layer's ``is_causal`` decides); False where it gives one or cannot tell."""
+    try:
+        from transformers.masking_utils import create_causal_mask
+
+        width = getattr(config, "hidden_size", None)
+        embeds = torch.zeros(1, 3, width if isinstance(width, int) and width > 0 else 8)
+        return create_causal_mask(config=config, inputs_embeds=embeds, attention_mask=None, cache=None) is None
+    except Exception:  # another version's signature, a config it cannot read: the mask is passed, as before
+        return False
+
+
+def causal_departure(read: bool | str, read_how: str, declared: DeclaredCausal) -> str | None:
+    """The words of a departure where the layer's code reads not causal and its library declares it causal."""
+    if read:
+        return None
+    return f"its code is not causal ({read_how}) where its spec says {declared.how}"

@@ -93,7 +93,15 @@ from mha_verify.properties.adapters.position_steps import convolved_projections,
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
 from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
-from mha_verify.properties.adapters.spec import declared_scale, scale_departure
+from mha_verify.properties.adapters.spec import (
+    causal_departure,
+    declared_causal,
+    declared_dropout,
+    declared_reverse,
+    declared_scale,
+    rotary_departure,
+    scale_departure,
+)
 from mha_verify.properties.adapters.unmodelled import BEYOND, convolutions_over_positions, describe_steps, residual
 from mha_verify.properties.protocol import GRID_LAYOUTS, Conventions, NotApplicable
 
@@ -263,6 +271,12 @@ class StructuralAdapter(Adapter):
                              "taking such a step is refused rather than held by the laws alone)")
         fmt, fully_masked, note = library_format(module)
         causal, how = detect_causal(module)
+        departures: list[str] = []
+        causal_spec = declared_causal(module)
+        not_causal = None if causal_spec is None else causal_departure(causal, how, causal_spec)
+        if not_causal is not None and causal_spec is not None:  # held causal, as its library declares
+            departures.append(not_causal)
+            causal, how = True, causal_spec.how
         if fully_masked == "uniform" and causal and own_causal_mask(module):
             # ImageGPT's where(causal, scores, finfo.min) plus a finfo.min mask: -inf on future keys
             fully_masked = "uniform_visible"
@@ -291,6 +305,7 @@ class StructuralAdapter(Adapter):
         if not shared and pre_norm is not None:  # verified as self-attention: keys and values are the normalized input
             context_norm = pre_norm
         scale, scale_how, departure = self._held_scale(module)
+        departures += [departure] if departure else []
         rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
             if sig.rotary else (None, "")
         embedding = getattr(module, "position_embedding_type", None)
@@ -306,6 +321,12 @@ class StructuralAdapter(Adapter):
             else:
                 rotary = dataclasses.replace(rotary, interleaved=layout[0], reverse=layout[1])
                 rotary_how = f"{rotary.describe()} (its config; the layout from {layout_how})"
+                direction = declared_reverse(module)
+                turned = None if direction is None else rotary_departure(layout[1], layout_how, direction)
+                if turned is not None and direction is not None:  # the oracle turns it as its library declares
+                    departures.append(turned)
+                    rotary = dataclasses.replace(rotary, reverse=direction[0])
+                    rotary_how = f"{rotary.describe()} (its config; the direction its library declares)"
         window = getattr(getattr(module, "config", None), "sliding_window", None)
         # HF applies a sliding window through the mask its model builds (sdpa, eager), not in the
         # layer: the layer alone is full (causal) attention, and the report says so
@@ -333,9 +354,10 @@ class StructuralAdapter(Adapter):
             shifted_scores=shifted,
             causal=causal,
             dropout=has_dropout(module),
+            dropout_declared=declared_dropout(module) if has_dropout(module) else None,
             kv_cache="hf_cache" if cache_argument(module) else None,
             scale=scale,
-            departures=(departure,) if departure else (),
+            departures=tuple(departures),
             rotary=rotary,
             # its rotary code still runs, on pairs of columns (LightGlue's stacks x[..., ::2] with
             # x[..., 1::2]): where the rotation is by 0, head widths stay even
@@ -570,6 +592,17 @@ class StructuralAdapter(Adapter):
                 kwargs[name] = seen.setdefault(id(t), t[:, None])
         return kwargs
 
+    @staticmethod
+    def _unmasked_call(module: nn.Module, mask: torch.Tensor | None, Lq: int, Lk: int) -> bool:
+        """Whether this call is made with no mask, as the layer's model makes it: a batch without padding
+        (no mask drawn), Lq = Lk, for a layer whose library declares it causal and whose model then passes
+        none (:class:`adapters.spec.DeclaredCausal`), its own causal flag deciding. Never while an exporter
+        traces the call (transformers then passes the mask too)."""
+        if mask is not None or Lq != Lk or torch.compiler.is_exporting() or torch.jit.is_tracing():
+            return False
+        spec = declared_causal(module)
+        return spec is not None and spec.unmasked
+
     def _kwargs(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> dict[str, object]:
         """The layer's forward arguments by name for one call in our convention."""
@@ -602,7 +635,8 @@ class StructuralAdapter(Adapter):
             # torchtune apply only the mask they are given, and the AND is harmless for the others
             explicit_causal = conv.causal
             heads = q.shape[-1] // head_dim_of(module, self.params(module)) if fmt.layout == "BHLL3" else None
-            converted = fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal, heads=heads)
+            converted = None if self._unmasked_call(module, mask, Lq, Lk) else \
+                fmt.convert(mask, B=B, Lq=Lq, Lk=Lk, dtype=q.dtype, causal=explicit_causal, heads=heads)
             if sig.context_mask is not None and sig.context in kwargs:
                 # BigBird's and BERT's kind: with a context, the layer reads encoder_attention_mask
                 # and drops attention_mask

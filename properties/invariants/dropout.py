@@ -244,7 +244,9 @@ def dropout_statistics(bound: Instance, ex: AttnExample) -> Measure:
     The multipliers m (training weight / eval weight, read back through the layer's own projections; or
     training output / eval output for dropout on the output) are each 0 or 1 / (1 - p); the kept fraction
     is binomial(n, 1 - p); pairs of heads, of batch items and of calls agree as independent masks do; the
-    mean multiplier is 1 within Hoeffding's radius. Each count has false-alarm rate 1e-7.
+    mean multiplier is 1 within Hoeffding's radius. Each count has false-alarm rate 1e-7. A dropout that
+    never acts fails where the layer's library declares it (a transformers config's ``attention_dropout``);
+    elsewhere it is the finding *argument accepted and ignored*.
     """
     if not bound.set_dropout(P):
         no_dropout_here(bound, ex)
@@ -271,6 +273,10 @@ def dropout_statistics(bound: Instance, ex: AttnExample) -> Measure:
     active = [law for law in laws if not _inactive(law, scale)]
     if not active:
         n = sum(int(law.read.sum()) for law in laws)
+        if bound.conventions.dropout_declared is not None:  # its library promises dropout in training
+            raise Violation(f"in training mode at p={P}, none of {n} attention weights or outputs read was dropped: "
+                            f"the layer never applies the attention dropout {bound.conventions.dropout_declared} "
+                            "declares")
         return Measure(finding=("ignored", (
             f"with every dropout probability the layer holds at p={P}, in training mode none of {n} attention "
             "weights or outputs read was dropped: the layer's dropout does not act")))

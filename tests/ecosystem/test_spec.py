@@ -5,10 +5,14 @@ the oracle naming both; the class as shipped passes. Skipped with the reason wit
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+import textwrap
 from collections.abc import Callable
 
 import pytest
+import torch
 from torch import nn
 
 from mha_verify.properties.engine.profiles import PROFILES
@@ -73,8 +77,6 @@ def test_the_traced_graph_shows_the_departure_the_spec_names(monkeypatch: pytest
     """What the regressed layer computes, read from a trace of one call (properties/graph), is the scale
     its code states, not its spec's: the departure is in the computation, not only in an attribute."""
     pytest.importorskip("transformers")
-    import torch
-
     from mha_verify.properties.graph import facts
     from mha_verify.properties.graph.trace import trace_call
 
@@ -84,3 +86,120 @@ def test_the_traced_graph_shows_the_departure_the_spec_names(monkeypatch: pytest
     x = torch.randn(2, 5, 32)
     trace = trace_call(lambda q, k, v: bound(q, k, v, None), (x, x, x), owner=bound.module)
     assert [f.value for f in facts.attention_scales(trace)] == [pytest.approx(8 ** -1)]
+
+
+def _rotate_half_the_other_way(x: torch.Tensor) -> torch.Tensor:
+    """Llama's ``rotate_half`` with its sign flipped: ``cat(x2, -x1)`` for ``cat(-x2, x1)``."""
+    half = x.shape[-1] // 2
+    return torch.cat((x[..., half:], -x[..., :half]), dim=-1)
+
+
+def test_a_rotary_turned_the_other_way_fails_naming_the_direction_its_library_declares(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sign of Llama's rotate_half flipped was read as "halves, turning the other way" and passed as
+    its convention; transformers' rotary turns forward (NanoChat's alone the other way, kept as data)."""
+    pytest.importorskip("transformers")
+    module = importlib.import_module("transformers.models.llama.modeling_llama")
+    monkeypatch.setattr(module, "rotate_half", _rotate_half_the_other_way)
+    regressed = load_target(HF.format("llama", "LlamaAttention"))
+    said = regressed.build(32, 4).conventions.describe()
+    assert "its code turns its rotary the other way" in said and "transformers' rotary turns forward" in said, said
+    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "fail", 1)
+    assert "its code departs from its spec: its code turns its rotary the other way" in (result.reason or "")
+
+
+def test_nanochat_turns_the_other_way_as_its_library_declares() -> None:
+    pytest.importorskip("transformers")
+    target = load_target(HF.format("nanochat", "NanoChatAttention"))
+    said = target.build(32, 4).conventions.describe()
+    assert "turning the other way" in said and "departs from its spec" not in said, said
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "pass", 10)
+
+
+def _forward_without(cls: type[nn.Module], line: str, replacement: str) -> Callable[..., object]:
+    """``cls.forward`` with one line of its source replaced, compiled in its own module: a copy of the
+    library's class with a one-line regression, as an edited modeling file would have."""
+    source = textwrap.dedent(inspect.getsource(cls.forward))
+    assert source.count(line) == 1, f"{cls.__name__}.forward no longer has {line!r}"
+    namespace = dict(vars(importlib.import_module(cls.__module__)))
+    exec(compile(source.replace(line, replacement), inspect.getsourcefile(cls) or "<edited>", "exec"), namespace)
+    return namespace["forward"]  # type: ignore[no-any-return]
+
+
+def test_a_configured_dropout_never_applied_fails_naming_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama passing dropout=0.0 always (its config's attention_dropout never applied in training) was said
+    as "argument accepted and ignored", a kind for arguments the library documents as unused."""
+    pytest.importorskip("transformers")
+    klass = importlib.import_module("transformers.models.llama.modeling_llama").LlamaAttention
+    prop = all_properties()["dropout_statistics"]
+    shipped = run_property(prop, load_target(HF.format("llama", "LlamaAttention")), settings=PROFILES["quick"], seed=0)
+    assert_verdict(shipped, "pass", 1)
+    monkeypatch.setattr(klass, "forward", _forward_without(
+        klass, "dropout=0.0 if not self.training else self.attention_dropout,", "dropout=0.0,"))
+    result = run_property(prop, load_target(HF.format("llama", "LlamaAttention")), settings=PROFILES["quick"], seed=0)
+    assert result.verdict == "fail", result
+    assert "the layer never applies the attention dropout its config's attention_dropout (LlamaConfig) declares" \
+        in (result.reason or "")
+
+
+def test_a_layer_whose_library_refuses_attention_dropout_is_not_held_to_it() -> None:
+    """DiffLlama raises ValueError for attention_dropout > 0 when built: its library says it has none (the
+    layer is not built by the harness: its differential step is beyond the oracle)."""
+    pytest.importorskip("transformers")
+    from transformers import DiffLlamaConfig, LlamaConfig
+    from transformers.models.diffllama.modeling_diffllama import DiffLlamaAttention
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    from mha_verify.properties.adapters.spec import declared_dropout
+
+    sizes = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=4)
+    assert declared_dropout(DiffLlamaAttention(DiffLlamaConfig(**sizes), 0)) is None
+    assert "attention_dropout (LlamaConfig)" in (declared_dropout(LlamaAttention(LlamaConfig(**sizes), 0)) or "")
+
+
+def test_a_causal_flag_flipped_fails_naming_the_causality_its_library_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-2 with ``is_causal`` flipped was "causal from its is_causal=False attribute" and verified as not causal.
+    transformers lists gpt2 as a causal language model only; its model calls the layer with no mask on a batch
+    without padding (sdpa), and the layer's flag then decides: so the harness calls it that way too."""
+    pytest.importorskip("transformers")
+    klass = importlib.import_module("transformers.models.gpt2.modeling_gpt2").GPT2Attention
+    shipped = load_target(HF.format("gpt2", "GPT2Attention"))
+    assert "departs from its spec" not in shipped.build(32, 4).conventions.describe()
+    init = klass.__init__
+
+    @functools.wraps(init)
+    def flipped(self: nn.Module, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)
+        self.is_causal = False
+
+    monkeypatch.setattr(klass, "__init__", flipped)
+    regressed = load_target(HF.format("gpt2", "GPT2Attention"))
+    said = regressed.build(32, 4).conventions.describe()
+    assert "its code is not causal (causal from its is_causal=False attribute) where its spec says causal: " \
+           "transformers lists 'gpt2' as a causal language model (GPT2LMHeadModel)" in said, said
+    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "fail", 1)
+    assert "its code departs from its spec: its code is not causal" in (result.reason or "")
+
+
+@pytest.mark.parametrize(("model", "cls", "declared"), [
+    ("gpt2", "GPT2Attention", True), ("llama", "LlamaAttention", True),
+    ("bert", "BertSelfAttention", False),  # a masked language model too
+    ("whisper", "WhisperAttention", False),  # its caller chooses its role (is_causal, is_decoder)
+    ("trocr", "TrOCRAttention", False),
+])
+def test_which_layers_their_library_declares_causal(model: str, cls: str, declared: bool) -> None:
+    pytest.importorskip("transformers")
+    from mha_verify.properties.adapters.spec import declared_causal
+
+    target = load_target(HF.format(model, cls))
+    assert (declared_causal(target.build(32, 4).module) is not None) == declared  # type: ignore[attr-defined]
+
+
+def test_the_shipped_gpt2_called_without_a_mask_as_its_model_calls_it_passes() -> None:
+    pytest.importorskip("transformers")
+    target = load_target(HF.format("gpt2", "GPT2Attention"))
+    result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "pass", 10)
