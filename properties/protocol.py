@@ -93,6 +93,9 @@ class Conventions:
     kv_map: which query heads share a key/value head under grouped-query attention
         (:data:`mha.scoring.KV_MAPS`): "interleave" (query head i reads kv head i // g, HF's
         ``repeat_kv``) or "tile" (i % Hkv), declared or read; the oracle applies it.
+    implementations: the attention implementations its library runs it through here, the one it is built
+        with first (transformers' ``config._attn_implementation``: ``("sdpa", "eager")``); each other is
+        held to the oracle beside it by ``eager_vs_sdpa``. Empty: one path only.
     kv_cache: the KV-cache protocol the target's forward takes, read from it (``"hf_cache"``: a
         transformers ``Cache`` argument and the layer's ``layer_idx``, :mod:`adapters.kv_cache`), or
         None: the target cannot be run position by position through a cache of its own.
@@ -174,6 +177,7 @@ class Conventions:
     kv_heads: int | None = None
     kv_map: str = "interleave"
     kv_cache: str | None = None
+    implementations: tuple[str, ...] = ()
     layout: str = "batch_first"
     torch_modes: bool = True
     output_dtype: torch.dtype | None = None
@@ -243,6 +247,8 @@ class Conventions:
             parts.append("causal" if self.causal == "top_left" else "causal (bottom-right aligned)")
         if self.kv_heads:
             parts.append(f"{self.kv_heads} kv heads")
+        if len(self.implementations) > 1:
+            parts.append(f"built {self.implementations[0]}; also run {', '.join(self.implementations[1:])}")
         if self.layout == "seq_first":
             parts.append("sequence first (L, B, D)")
         elif self.layout == CHANNELS_FIRST:

@@ -18,6 +18,7 @@ SETTINGS = profiles.PROFILES[profiles.profile_name()]
 OF_OTHER_CONVENTIONS = {
     "window_locality": "no sliding window declared or read",
     "decode_consistency": "takes no KV cache",
+    "eager_vs_sdpa": "runs it through one attention implementation",
 }
 
 

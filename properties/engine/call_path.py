@@ -161,6 +161,15 @@ class Checked:
         with target_side():
             return Checked(widen())
 
+    def implementation(self, name: str) -> Checked:
+        """The wrapped instance computing through its library's attention implementation ``name``
+        (:meth:`targets.eager.Bound.implementation`); NotApplicable where it has no such form."""
+        other = getattr(self.inner, "implementation", None)
+        if other is None:
+            raise NotApplicable(f"the target cannot be run through another attention implementation ({name})")
+        with target_side():
+            return Checked(other(name))
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  mask: torch.Tensor | None = None) -> torch.Tensor:
         before = _snapshot(q, k, v, mask)

@@ -185,6 +185,17 @@ class Bound:
         assert self.rebuild is not None
         return self.rebuild()
 
+    def implementation(self, name: str) -> Bound:
+        """This layer computing through its library's attention implementation ``name`` (transformers'
+        ``config._attn_implementation``, which its forward reads at every call): a copy, same weights."""
+        module = copy.deepcopy(self.module)
+        for sub in module.modules():
+            config = sub.__dict__.get("config")
+            if config is not None and isinstance(getattr(config, "_attn_implementation", None), str):
+                config._attn_implementation = name
+        return Bound(module, self.adapter, self.d_model, self.n_head, grads_refused=self.grads_refused,
+                     mask_refused=self.mask_refused)
+
     def in_float64(self) -> Bound:
         """This instance computing in float64: a copy, its weights widened (kept for later calls).
         A layer the oracle does not model is measured against it (``measure.relation_allowed``)."""

@@ -118,14 +118,14 @@ def test_nanochat_turns_the_other_way_as_its_library_declares() -> None:
     assert_verdict(result, "pass", 10)
 
 
-def _forward_without(cls: type[nn.Module], line: str, replacement: str) -> Callable[..., object]:
-    """``cls.forward`` with one line of its source replaced, compiled in its own module: a copy of the
-    library's class with a one-line regression, as an edited modeling file would have."""
-    source = textwrap.dedent(inspect.getsource(cls.forward))
-    assert source.count(line) == 1, f"{cls.__name__}.forward no longer has {line!r}"
-    namespace = dict(vars(importlib.import_module(cls.__module__)))
-    exec(compile(source.replace(line, replacement), inspect.getsourcefile(cls) or "<edited>", "exec"), namespace)
-    return namespace["forward"]  # type: ignore[no-any-return]
+def _edited(fn: Callable[..., object], line: str, replacement: str) -> Callable[..., object]:
+    """``fn`` with a piece of its source replaced, compiled in its own module: a copy of the library's code
+    with a one-line regression, as an edited modeling file would have."""
+    source = textwrap.dedent(inspect.getsource(fn))
+    assert source.count(line) == 1, f"{fn.__qualname__} no longer has {line!r}"
+    namespace = dict(vars(importlib.import_module(fn.__module__)))
+    exec(compile(source.replace(line, replacement), inspect.getsourcefile(fn) or "<edited>", "exec"), namespace)
+    return namespace[fn.__name__]  # type: ignore[no-any-return]
 
 
 def test_a_configured_dropout_never_applied_fails_naming_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,8 +136,8 @@ def test_a_configured_dropout_never_applied_fails_naming_its_config(monkeypatch:
     prop = all_properties()["dropout_statistics"]
     shipped = run_property(prop, load_target(HF.format("llama", "LlamaAttention")), settings=PROFILES["quick"], seed=0)
     assert_verdict(shipped, "pass", 1)
-    monkeypatch.setattr(klass, "forward", _forward_without(
-        klass, "dropout=0.0 if not self.training else self.attention_dropout,", "dropout=0.0,"))
+    monkeypatch.setattr(klass, "forward", _edited(
+        klass.forward, "dropout=0.0 if not self.training else self.attention_dropout,", "dropout=0.0,"))
     result = run_property(prop, load_target(HF.format("llama", "LlamaAttention")), settings=PROFILES["quick"], seed=0)
     assert result.verdict == "fail", result
     assert "the layer never applies the attention dropout its config's attention_dropout (LlamaConfig) declares" \
@@ -203,3 +203,29 @@ def test_the_shipped_gpt2_called_without_a_mask_as_its_model_calls_it_passes() -
     target = load_target(HF.format("gpt2", "GPT2Attention"))
     result = run_property(all_properties()["oracle_agreement"], target, settings=PROFILES["quick"], seed=0)
     assert_verdict(result, "pass", 10)
+
+
+def test_a_mask_added_after_the_softmax_on_the_eager_path_only_fails_eager_vs_sdpa(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """BERT's eager attention adding its mask after the softmax passed: the harness built the sdpa path only,
+    which is right. transformers runs the eager path too (output_attentions=True, or asked for)."""
+    pytest.importorskip("transformers")
+    module = importlib.import_module("transformers.models.bert.modeling_bert")
+    prop = all_properties()["eager_vs_sdpa"]
+    shipped = load_target(HF.format("bert", "BertSelfAttention"))
+    assert "built sdpa; also run eager" in shipped.build(32, 4).conventions.describe()
+    assert_verdict(run_property(prop, shipped, settings=PROFILES["quick"], seed=0), "pass", 10)
+    monkeypatch.setattr(module, "eager_attention_forward", _edited(
+        module.eager_attention_forward,
+        "    if attention_mask is not None:\n        attn_weights = attn_weights + attention_mask\n\n"
+        "    attn_weights = nn.functional.softmax(attn_weights, dim=-1)\n",
+        "    attn_weights = nn.functional.softmax(attn_weights, dim=-1)\n"
+        "    if attention_mask is not None:\n        attn_weights = attn_weights + attention_mask\n"))
+    regressed = load_target(HF.format("bert", "BertSelfAttention"))
+    result = run_property(prop, regressed, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "fail", 1)
+    said = result.reason or ""  # the finfo.min mask, added after the softmax, overflows where it meets a value
+    assert "the eager path off the oracle" in said or "the eager path gives a non-finite value" in said, said
+    # the path it is built with is right: only the relation sees the bug
+    oracle = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
+    assert_verdict(oracle, "pass", 10)
