@@ -354,7 +354,7 @@ class StructuralAdapter(Adapter):
             shifted_scores=shifted,
             causal=causal,
             dropout=has_dropout(module),
-            dropout_declared=declared_dropout(module) if has_dropout(module) else None,
+            dropout_declared=declared_dropout(module),
             kv_cache="hf_cache" if cache_argument(module) else None,
             # transformers runs a layer built for sdpa through its eager code too (output_attentions, or asked)
             implementations=("sdpa", "eager") if getattr(getattr(module, "config", None), "_attn_implementation",
