@@ -171,17 +171,7 @@ def rotary_of(config: object, layer_type: str | None = None) -> tuple[Rotary | N
     llama3, longrope) change the frequencies, and are left out (identity rotation) with a note.
     The layout is halves here; the layer's own is read by :func:`rotary_layout`.
     """
-    params = getattr(config, "rope_parameters", None)
-    if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):
-        params = params[layer_type]  # Gemma 3: one set of rotary parameters per layer type
-    if isinstance(params, dict) and "rope_theta" in params:
-        theta, rope_type = params.get("rope_theta"), params.get("rope_type", "default")
-        fraction = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    else:
-        scaling = getattr(config, "rope_scaling", None)
-        theta = getattr(config, "rope_theta", None)
-        rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else "default"
-        fraction = getattr(config, "partial_rotary_factor", 1.0)
+    theta, rope_type, fraction = _rope_parameters(config, layer_type)
     if not isinstance(theta, (int, float)) or isinstance(theta, bool):
         return None, "rotary replaced by a rotation by 0: no rope_theta in its config"
     if rope_type not in (None, "default"):
@@ -190,6 +180,50 @@ def rotary_of(config: object, layer_type: str | None = None) -> tuple[Rotary | N
         return None, f"rotary replaced by a rotation by 0: partial_rotary_factor={fraction!r}"
     rotary = Rotary(float(theta), False, float(fraction))
     return rotary, f"{rotary.describe()} (its config)"
+
+
+def _rope_parameters(config: object, layer_type: str | None) -> tuple[object, object, object]:
+    """(rope_theta, rope_type, partial_rotary_factor) as an HF config states them (5.x's ``rope_parameters``,
+    per layer type where it has them; 4.x's ``rope_theta`` and ``rope_scaling``), unchecked."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]  # Gemma 3: one set of rotary parameters per layer type
+    if isinstance(params, dict) and "rope_theta" in params:
+        return (params.get("rope_theta"), params.get("rope_type", "default"),
+                params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)))
+    scaling = getattr(config, "rope_scaling", None)
+    rope_type = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, dict) else "default"
+    return getattr(config, "rope_theta", None), rope_type, getattr(config, "partial_rotary_factor", 1.0)
+
+
+def scaled_rope(module: nn.Module) -> tuple[Rotary, str] | None:
+    """(the default formula at the config's base and fraction, the rope type) for a layer whose HF config
+    names a rope type the oracle's formula does not compute, one of the frequency rules over positions
+    0 .. L-1 its library declares (transformers' ``ROPE_INIT_FUNCTIONS``: llama3, yarn, linear, dynamic,
+    longrope; not Pixtral's axial rope over a grid of patches, whose positions the harness does not give),
+    where its library's own rotary class gives the layer its (cos, sin) on a probe; None elsewhere. Such a
+    layer runs with its real rotary and is held by the laws alone: never by a rotation by 0 in place of its
+    step."""
+    config = getattr(module, "config", None)
+    theta, rope_type, fraction = _rope_parameters(config, layer_type_of(module))
+    if rope_type in (None, "default") or not isinstance(theta, (int, float)) or isinstance(theta, bool) \
+            or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        return None
+    try:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        return None
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        return None
+    emb = library_rotary(module)
+    if emb is None:
+        return None
+    try:
+        with torch.no_grad():
+            rotary_cos_sin(emb, module, torch.zeros(1, 3, 8), torch.arange(3)[None])
+    except Exception:  # its rotary takes other positions (axial patches): not given, said by rotary_of
+        return None
+    return Rotary(float(theta), False, float(fraction)), str(rope_type)
 
 
 def library_rotary(module: nn.Module) -> nn.Module | None:
@@ -254,4 +288,4 @@ def identity_rotary(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch
 
 
 __all__ = ["LAYOUTS", "cos_sin_batched", "identity_rotary", "library_rotary", "position_embeddings",
-           "rotary_cos_sin", "rotary_layout", "rotary_of"]
+           "rotary_cos_sin", "rotary_layout", "rotary_of", "scaled_rope"]

@@ -91,7 +91,13 @@ from mha_verify.properties.adapters.library_facts import (
 from mha_verify.properties.adapters.mask_reading import read_shift
 from mha_verify.properties.adapters.position_steps import convolved_projections, describe, reaches_back
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
-from mha_verify.properties.adapters.rotary_reading import cos_sin_batched, position_embeddings, rotary_layout, rotary_of
+from mha_verify.properties.adapters.rotary_reading import (
+    cos_sin_batched,
+    position_embeddings,
+    rotary_layout,
+    rotary_of,
+    scaled_rope,
+)
 from mha_verify.properties.adapters.signature import first_output, is_same_input, read_signature
 from mha_verify.properties.adapters.spec import (
     causal_departure,
@@ -312,9 +318,18 @@ class StructuralAdapter(Adapter):
         if rotary is not None and isinstance(embedding, str) and embedding != "rotary":
             # ESM's: the forward takes position_embeddings and uses them only for "rotary"
             rotary, rotary_how = None, f"no rotary: its position_embedding_type is {embedding!r}"
+        scaled = scaled_rope(module) if rotary is None and sig.rotary and not (
+            isinstance(embedding, str) and embedding != "rotary") else None
+        if scaled is not None:
+            # its model's rotary class gives the layer its real (cos, sin); the oracle's formula is the default
+            # one only: held by the laws alone, its rotary still running (its layout matters to the oracle only)
+            rotary, rope_type = scaled
+            rotary_how = f"rotary of rope type {rope_type!r}, its (cos, sin) from its library's rotary class"
+            beyond.append(f"a rotary of rope type {rope_type!r} (its library's rotary class gives the angles; the "
+                          "oracle computes the default formula only)")
         if sig.rotary:
             cos_sin_batched(module)  # read now, before an exporter traces a call
-        if rotary is not None:
+        if rotary is not None and scaled is None:
             layout, layout_how = rotary_layout(module, rotary.base)
             if layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified
                 rotary, rotary_how = None, f"rotary replaced by a rotation by 0: {layout_how}"

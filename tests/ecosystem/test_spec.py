@@ -229,3 +229,21 @@ def test_a_mask_added_after_the_softmax_on_the_eager_path_only_fails_eager_vs_sd
     # the path it is built with is right: only the relation sees the bug
     oracle = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
     assert_verdict(oracle, "pass", 10)
+
+
+@pytest.mark.parametrize(("model", "cls", "said"), [
+    ("apertus", "ApertusAttention", "laws only: it takes a rotary of rope type 'llama3'"),
+    ("cwm", "CwmAttention", "laws only: it takes a rotary of rope type 'llama3'"),
+    # axial rotary over a grid of patches: positions the harness does not give, still a rotation by 0, said
+    ("pixtral", "PixtralAttention", "rotary replaced by a rotation by 0: rope type 'axial'"),
+])
+def test_a_rope_type_the_oracle_does_not_compute_runs_its_real_rotary_held_by_the_laws(
+        model: str, cls: str, said: str) -> None:
+    """Apertus's llama3 rope was replaced by a rotation by 0 and verified as plain attention: the step the oracle
+    does not model was switched off. Its library's rotary class gives the layer its real angles now."""
+    pytest.importorskip("transformers")
+    target = load_target(HF.format(model, cls))
+    conventions = target.build(32, 4).conventions.describe()
+    assert said in conventions, conventions
+    prop = all_properties()["prefix_consistency"]
+    assert_verdict(run_property(prop, target, settings=PROFILES["quick"], seed=0), "pass", 10)
