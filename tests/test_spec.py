@@ -16,6 +16,7 @@ from mha_verify.properties.adapters.spec import (
     causal_departure,
     declared_causal,
     declared_dropout,
+    declared_norm,
     declared_reverse,
     declared_scale,
     hf_family,
@@ -128,3 +129,15 @@ def test_a_causal_departure_names_the_flag_and_the_declaration() -> None:
     assert declared_causal(_layer(None, model_type="gpt2")) is None  # outside transformers
     assert declared_causal(_layer("bert", model_type="bert")) is None  # a masked language model too (or no
     # transformers installed: nothing to read its lists from)
+
+
+@pytest.mark.parametrize(("config", "declared"), [
+    ({"rms_norm_eps": 1e-6}, ("rms", 1e-6)),
+    ({"layer_norm_eps": 1e-5}, ("layer", 1e-5)),
+    ({"rms_norm_eps": 1e-6, "layer_norm_eps": 1e-5}, None),  # both: the config does not say which is the QK-norm
+    ({}, None),
+])
+def test_the_qk_norm_a_config_declares(config: dict[str, object], declared: tuple[str, float] | None) -> None:
+    got = declared_norm(_layer("qwen3", **config))
+    assert (None if got is None else got[:2]) == declared
+    assert declared_norm(_layer(None, **config)) is None

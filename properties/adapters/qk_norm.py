@@ -4,7 +4,10 @@ A layer that normalizes q and k before the scores (Qwen3, Gemma 3, OLMo 2, Chame
 diffusers' ``qk_norm``) holds them as children named in
 :data:`mha_verify.properties.adapters.recognition.QK_NORM_PAIRS`. What each computes is decided by its shape and
 a probe against the closed set of formulas the oracle knows (RMSNorm, LayerNorm or an L2 norm, weight w or
-1 + w), not by its class name: a norm of any other form is refused with its reason, never guessed.
+1 + w), not by its class name: a norm of any other form is refused with its reason, never guessed —
+unless the layer's library declares the norm (:func:`adapters.spec.declared_norm`: a transformers
+config's ``rms_norm_eps``): the declared norm is then what the oracle applies, and the child's
+departure from it is named in every failure against the oracle.
 The probe runs the norm alone on a random input; the attention around it is what the properties
 then verify (where the layer applies it, before the split or per head, and before rotary).
 """
@@ -24,6 +27,7 @@ from torch import nn
 
 from mha_verify.mha.scoring import NORM_KINDS, Norm
 from mha_verify.properties.adapters import recognition
+from mha_verify.properties.adapters.spec import declared_norm
 
 _EPS_ATTRS = ("eps", "variance_epsilon", "epsilon")
 #: the epsilons a norm that states none is tried with (0: F.normalize's clamp at 1e-12 on the norm)
@@ -34,6 +38,14 @@ _UNSTATED_EPS = (0.0, 1e-5, 1e-6, 1e-8)
 #: a probe (a data-dependent comparison) cannot run. The Norms hold the live parameters.
 Norms = tuple[Norm | None, Norm | None, Norm | None]
 _READ: weakref.WeakKeyDictionary[nn.Module, tuple[tuple[int, int, int], Norms]] = weakref.WeakKeyDictionary()
+#: a layer's norm children that compute no formula of the oracle's, where its library declares one: the
+#: departure in words, per layer (read with its norms)
+_DEPARTED: weakref.WeakKeyDictionary[nn.Module, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def norm_departures(module: nn.Module) -> tuple[str, ...]:
+    """Where ``module``'s QK-norm children depart from the norm its library declares (read by :func:`qk_norms`)."""
+    return _DEPARTED.get(module, ())
 
 
 def qk_norms(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> Norms:
@@ -50,18 +62,25 @@ def qk_norms(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> Norms:
 
 
 def _read(module: nn.Module, n_head: int, head_dim: int, n_kv: int) -> Norms:
+    declared = declared_norm(module)
+    departed: list[str] = []
     found: dict[str, Norm] = {}
     names = [(which, name, heads) for q, k in recognition.QK_NORM_PAIRS for which, name, heads in
              (("q", q, n_head), ("k", k, n_kv))] + [("v", v, n_kv) for v in recognition.V_NORMS]
     for which, name, heads in names:
         child = getattr(module, name, None)
         if isinstance(child, nn.Module) and not isinstance(child, nn.Identity) and which not in found:
-            found[which] = read_norm(child, f"{type(module).__name__}.{name}", heads, head_dim)
+            found[which] = read_norm(child, f"{type(module).__name__}.{name}", heads, head_dim, declared, departed)
+    _DEPARTED[module] = tuple(departed)
     return found.get("q"), found.get("k"), found.get("v")
 
 
-def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
-    """The :class:`Norm` that ``norm`` computes on the projection of ``n_heads`` heads of ``head_dim``."""
+def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int,
+              declared: tuple[str, float, str] | None = None, departed: list[str] | None = None) -> Norm:
+    """The :class:`Norm` that ``norm`` computes on the projection of ``n_heads`` heads of ``head_dim``.
+
+    ``declared``: (kind, eps, in words) of the norm its library declares; where ``norm`` computes no formula
+    the oracle knows, that norm is returned (its weight w), and the departure is appended to ``departed``."""
     weight = _tensor(norm, "weight")
     bias = _tensor(norm, "bias")
     if weight is None and bias is None:  # vit-pytorch's RMSNorm: its one parameter is the gain (gamma, g)
@@ -97,6 +116,11 @@ def read_norm(norm: nn.Module, name: str, n_heads: int, head_dim: int) -> Norm:
     candidates = [(Norm(kind, over, e, weight, bias, offset), places[over]) for e in epsilons
                   for over in wheres for kind in NORM_KINDS for offset in (0.0, 1.0) if not (offset and weight is None)]
     matches = [c for c, shape in candidates if _computes(norm, c, shape, heads_first)]
+    if not matches and declared is not None and departed is not None:
+        kind, declared_eps, how = declared
+        departed.append(f"its {name} ({type(norm).__name__}) computes neither RMSNorm, LayerNorm nor an L2 norm on "
+                        f"a probe where its spec says {how}")
+        return Norm(kind, wheres[0], declared_eps, weight, bias, 0.0)
     if not matches:
         raise ValueError(f"{name} ({type(norm).__name__}) computes neither RMSNorm, LayerNorm nor an L2 norm "
                          "(weight w or 1 + w) on a probe: a QK-norm the oracle does not model")

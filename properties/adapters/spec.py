@@ -254,3 +254,19 @@ def causal_departure(read: bool | str, read_how: str, declared: DeclaredCausal) 
     if read:
         return None
     return f"its code is not causal ({read_how}) where its spec says {declared.how}"
+
+
+def declared_norm(module: nn.Module) -> tuple[str, float, str] | None:
+    """(kind, eps, in words) of the QK-norm ``module``'s library declares, or None: a transformers layer whose
+    config states ``rms_norm_eps`` and no ``layer_norm_eps`` (RMSNorm), or the other way round (LayerNorm).
+    Consulted only where a norm child computes no formula the oracle knows: a child that computes one is
+    held to what it computes."""
+    config = getattr(module, "config", None)
+    if hf_family(module) is None or config is None:
+        return None
+    rms, layer = _number(getattr(config, "rms_norm_eps", None)), _number(getattr(config, "layer_norm_eps", None))
+    if rms is not None and layer is None:
+        return "rms", rms, f"RMSNorm, eps {rms:g}, from its config's rms_norm_eps"
+    if layer is not None and rms is None:
+        return "layer", layer, f"LayerNorm, eps {layer:g}, from its config's layer_norm_eps"
+    return None

@@ -90,7 +90,7 @@ from mha_verify.properties.adapters.library_facts import (
 )
 from mha_verify.properties.adapters.mask_reading import read_shift
 from mha_verify.properties.adapters.position_steps import convolved_projections, describe, reaches_back
-from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, qk_norms
+from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, norm_departures, qk_norms
 from mha_verify.properties.adapters.rotary_reading import (
     cos_sin_batched,
     position_embeddings,
@@ -312,6 +312,7 @@ class StructuralAdapter(Adapter):
             context_norm = pre_norm
         scale, scale_how, departure = self._held_scale(module)
         departures += [departure] if departure else []
+        departures += norm_departures(module)
         rotary, rotary_how = rotary_of(getattr(module, "config", None), layer_type_of(module)) \
             if sig.rotary else (None, "")
         embedding = getattr(module, "position_embedding_type", None)

@@ -247,3 +247,26 @@ def test_a_rope_type_the_oracle_does_not_compute_runs_its_real_rotary_held_by_th
     assert said in conventions, conventions
     prop = all_properties()["prefix_consistency"]
     assert_verdict(run_property(prop, target, settings=PROFILES["quick"], seed=0), "pass", 10)
+
+
+@pytest.mark.parametrize(("line", "replacement"), [
+    # computed in float16: its probe at 1e-4 underflows, and it matched no formula
+    ("hidden_states = hidden_states.to(torch.float32)", "hidden_states = hidden_states.to(torch.float16)"),
+    # taken over another axis than the features (the heads of a (B, L, H, Hd) input)
+    ("variance = hidden_states.pow(2).mean(-1, keepdim=True)",
+     "variance = hidden_states.pow(2).mean(-2, keepdim=True)"),
+], ids=["float16", "wrong-axis"])
+def test_a_qk_norm_departing_from_the_norm_its_config_declares_fails_naming_it(
+        monkeypatch: pytest.MonkeyPatch, line: str, replacement: str) -> None:
+    """Such QK-norms were refused (exit 2, "a QK-norm the oracle does not model"): Qwen3's config says RMSNorm
+    (rms_norm_eps), and the layer does not compute it. The oracle applies the declared norm; the layer fails."""
+    pytest.importorskip("transformers")
+    norm = importlib.import_module("transformers.models.qwen3.modeling_qwen3").Qwen3RMSNorm
+    monkeypatch.setattr(norm, "forward", _edited(norm.forward, line, replacement))
+    regressed = load_target(HF.format("qwen3", "Qwen3Attention"))
+    said = regressed.build(32, 4).conventions.describe()
+    assert "its Qwen3Attention.q_norm (Qwen3RMSNorm) computes neither RMSNorm, LayerNorm nor an L2 norm on a probe " \
+           "where its spec says RMSNorm, eps 1e-06, from its config's rms_norm_eps" in said, said
+    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "fail", 1)
+    assert "its code departs from its spec: its Qwen3Attention.q_norm" in (result.reason or "")
