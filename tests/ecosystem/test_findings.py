@@ -616,3 +616,47 @@ def test_kosmos2_5_vision_attention_runs_eager_whatever_its_attn_implementation(
         dropped = layer(x, attention_mask=torch.zeros(2, 1, 4, 4, dtype=torch.bool))[0]
     assert torch.equal(dropped, unmasked)
     assert layer(x, attention_mask=torch.zeros(2, 1, 4, 4))[1] is not None  # eager returns its weights
+
+
+@pytest.mark.serial
+def test_unlimited_ocr_text_attention_eager_path_raises_with_grouped_query_heads() -> None:
+    """Its forward dispatches to its module's ``eager_attention_forward``, written for the vision encoder:
+    it never repeats the key/value heads, so with fewer of them than query heads the eager path (the
+    one transformers takes for output_attentions=True) raises; sdpa repeats them (enable_gqa)."""
+    modeling = _hf_modeling("unlimited_ocr")
+    from transformers.models.unlimited_ocr.configuration_unlimited_ocr import UnlimitedOcrTextConfig
+
+    config = UnlimitedOcrTextConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    x = _x(1, 5, 32)
+    cos_sin = (torch.ones(1, 5, 8), torch.zeros(1, 5, 8))  # a rotation by 0: the bug is not the rotary's
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    sdpa = modeling.UnlimitedOcrTextAttention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        assert sdpa(hidden_states=x, position_embeddings=cos_sin, attention_mask=None)[0].shape == (1, 5, 32)
+    config._attn_implementation = "eager"
+    with torch.no_grad(), pytest.raises(RuntimeError, match="must match the size of tensor b"):
+        sdpa(hidden_states=x, position_embeddings=cos_sin, attention_mask=None)
+
+
+@pytest.mark.serial
+def test_vjepa2_pooler_self_attention_eager_path_drops_its_attention_mask() -> None:
+    """VJEPA2's ``eager_attention_forward`` never adds ``attention_mask``: the sdpa path masks, the eager
+    path (output_attentions=True) attends to every key."""
+    modeling = _hf_modeling("vjepa2")
+    from transformers import VJEPA2Config
+
+    config = VJEPA2Config(hidden_size=8, num_attention_heads=2)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    layer = modeling.VJEPA2PoolerSelfAttention(config).eval()
+    x = _x()
+    additive = torch.zeros(2, 1, 4, 4)
+    additive[..., 0] = torch.finfo(torch.float32).min  # key 0 hidden from every query
+    with torch.no_grad():
+        unmasked = layer(x, attention_mask=None)[0]
+        masked_sdpa = layer(x, attention_mask=additive)[0]
+        config._attn_implementation = "eager"
+        masked_eager = layer(x, attention_mask=additive)[0]
+    assert not torch.allclose(masked_sdpa, unmasked, atol=1e-4)  # sdpa applies the mask
+    assert torch.allclose(masked_eager, unmasked, atol=1e-6)  # eager ignores it
