@@ -93,6 +93,7 @@ from mha_verify.properties.adapters.position_steps import convolved_projections,
 from mha_verify.properties.adapters.qk_norm import PreNorms, input_norms, norm_departures, qk_norms
 from mha_verify.properties.adapters.rotary_reading import (
     cos_sin_batched,
+    library_rotary,
     position_embeddings,
     rotary_layout,
     rotary_of,
@@ -332,7 +333,12 @@ class StructuralAdapter(Adapter):
             cos_sin_batched(module)  # read now, before an exporter traces a call
         if rotary is not None and scaled is None:
             layout, layout_how = rotary_layout(module, rotary.base)
-            if layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified
+            if layout is None and library_rotary(module) is not None:
+                # its own functions and its library's angles run; the oracle knows none of its formulas: held by
+                # the laws alone, its step never switched off
+                rotary_how = f"its rotary, from its library's rotary class: {layout_how}"
+                beyond.append(f"a rotary whose {layout_how.removeprefix('its ')}")
+            elif layout is None:  # replaced by a rotation by 0 (cos 1, sin 0): the rest is still verified
                 rotary, rotary_how = None, f"rotary replaced by a rotation by 0: {layout_how}"
             else:
                 rotary = dataclasses.replace(rotary, interleaved=layout[0], reverse=layout[1])
