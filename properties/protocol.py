@@ -334,6 +334,14 @@ def _positive(value: object) -> int:
     return value
 
 
+def _names(value: object) -> tuple[str, ...]:
+    """Distinct non-empty names, in order (the attention implementations a layer runs through)."""
+    if not isinstance(value, (tuple, list)) or not all(isinstance(v, str) and v for v in value) \
+            or len(set(value)) != len(value):
+        raise ValueError("expected a list of distinct names")
+    return tuple(value)
+
+
 def _positive_or_none(value: object) -> int | None:
     if value is None:
         return None
@@ -407,6 +415,7 @@ _DECLARABLE: dict[str, tuple[str, Callable[[object], object]]] = {
     "max_length": ("max_length", _positive_or_none),
     "head_dim_multiple": ("head_dim_multiple", _positive),
     "alibi": ("position_bias", _alibi),
+    "implementations": ("implementations", _names),
 }
 
 

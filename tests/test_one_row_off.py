@@ -43,6 +43,7 @@ AUDIT = {
     "window_locality": "WindowLeaks",
     "dropout_statistics": "InTrainingWithDropout",
     "decode_consistency": "tests/fixtures/cached_layers.py:OneRowOffWhenCached",
+    "eager_vs_sdpa": "OnItsEagerPath",
 }
 # the properties whose verdict is not a comparison within an allowance
 NO_ALLOWANCE = {
