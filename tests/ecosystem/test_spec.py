@@ -37,6 +37,17 @@ def _stating(cls: type[nn.Module], scaling: Callable[[nn.Module], float]) -> Cal
     return regressed
 
 
+def _departs_and_fails(model: str, cls: str, said: str, departure: str) -> None:
+    """The class as its (regressed) library now has it: its conventions name the departure ``said``, and
+    oracle_agreement fails naming it (``departure``: how the failure's note on it starts)."""
+    regressed = load_target(HF.format(model, cls))
+    described = regressed.build(32, 4).conventions.describe()
+    assert said in described, described
+    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
+    assert_verdict(result, "fail", 1)
+    assert f"its code departs from its spec: {departure}" in (result.reason or ""), result.reason
+
+
 @pytest.mark.parametrize(("model", "cls", "scaling", "says"), [
     # head_dim ** -1 for head_dim ** -0.5: a scale read from its attribute passed as "its convention"
     ("llama", "LlamaAttention", lambda m: m.head_dim ** -1,
@@ -57,11 +68,7 @@ def test_a_scale_its_code_states_against_its_spec_fails_naming_both(
     shipped = load_target(HF.format(model, cls))
     assert "departs from its spec" not in shipped.build(32, 4).conventions.describe()
     monkeypatch.setattr(klass, "__init__", _stating(klass, scaling))
-    regressed = load_target(HF.format(model, cls))
-    assert says in regressed.build(32, 4).conventions.describe()
-    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
-    assert_verdict(result, "fail", 1)
-    assert result.reason is not None and "its code departs from its spec: its code scales scores by" in result.reason
+    _departs_and_fails(model, cls, says, "its code scales scores by")
 
 
 @pytest.mark.parametrize(("model", "cls"), [("llama", "LlamaAttention"), ("gemma2", "Gemma2Attention")])
@@ -101,12 +108,8 @@ def test_a_rotary_turned_the_other_way_fails_naming_the_direction_its_library_de
     pytest.importorskip("transformers")
     module = importlib.import_module("transformers.models.llama.modeling_llama")
     monkeypatch.setattr(module, "rotate_half", _rotate_half_the_other_way)
-    regressed = load_target(HF.format("llama", "LlamaAttention"))
-    said = regressed.build(32, 4).conventions.describe()
-    assert "its code turns its rotary the other way" in said and "transformers' rotary turns forward" in said, said
-    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
-    assert_verdict(result, "fail", 1)
-    assert "its code departs from its spec: its code turns its rotary the other way" in (result.reason or "")
+    _departs_and_fails("llama", "LlamaAttention", "where its spec says transformers' rotary turns forward",
+                       "its code turns its rotary the other way")
 
 
 def test_nanochat_turns_the_other_way_as_its_library_declares() -> None:
@@ -175,13 +178,9 @@ def test_a_causal_flag_flipped_fails_naming_the_causality_its_library_declares(m
         self.is_causal = False
 
     monkeypatch.setattr(klass, "__init__", flipped)
-    regressed = load_target(HF.format("gpt2", "GPT2Attention"))
-    said = regressed.build(32, 4).conventions.describe()
-    assert "its code is not causal (causal from its is_causal=False attribute) where its spec says causal: " \
-           "transformers lists 'gpt2' as a causal language model (GPT2LMHeadModel)" in said, said
-    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
-    assert_verdict(result, "fail", 1)
-    assert "its code departs from its spec: its code is not causal" in (result.reason or "")
+    _departs_and_fails("gpt2", "GPT2Attention", "its code is not causal (causal from its is_causal=False attribute) "
+                       "where its spec says causal: transformers lists 'gpt2' as a causal language model "
+                       "(GPT2LMHeadModel)", "its code is not causal")
 
 
 @pytest.mark.parametrize(("model", "cls", "declared"), [
@@ -263,13 +262,9 @@ def test_a_qk_norm_departing_from_the_norm_its_config_declares_fails_naming_it(
     pytest.importorskip("transformers")
     norm = importlib.import_module("transformers.models.qwen3.modeling_qwen3").Qwen3RMSNorm
     monkeypatch.setattr(norm, "forward", _edited(norm.forward, line, replacement))
-    regressed = load_target(HF.format("qwen3", "Qwen3Attention"))
-    said = regressed.build(32, 4).conventions.describe()
-    assert "its Qwen3Attention.q_norm (Qwen3RMSNorm) computes neither RMSNorm, LayerNorm nor an L2 norm on a probe " \
-           "where its spec says RMSNorm, eps 1e-06, from its config's rms_norm_eps" in said, said
-    result = run_property(all_properties()["oracle_agreement"], regressed, settings=PROFILES["quick"], seed=0)
-    assert_verdict(result, "fail", 1)
-    assert "its code departs from its spec: its Qwen3Attention.q_norm" in (result.reason or "")
+    _departs_and_fails("qwen3", "Qwen3Attention", "its Qwen3Attention.q_norm (Qwen3RMSNorm) computes neither RMSNorm, "
+                       "LayerNorm nor an L2 norm on a probe where its spec says RMSNorm, eps 1e-06, from its config's "
+                       "rms_norm_eps", "its Qwen3Attention.q_norm")
 
 
 def test_a_rotary_that_rotates_q_only_runs_as_it_is_and_is_held_by_the_laws(monkeypatch: pytest.MonkeyPatch) -> None:
